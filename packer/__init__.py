@@ -1,0 +1,12 @@
+"""packer: pack a folder of images into pre-shuffled LMDB/HDF5 shards, stream them back fast."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from packer.errors import PackerError  # noqa: E402
+from packer.manifest import Manifest, read_manifest  # noqa: E402
+from packer.options import PackOptions  # noqa: E402
+from packer.pack import PackResult, pack  # noqa: E402
+
+__all__ = ["__version__", "pack", "PackOptions", "PackResult", "Manifest", "read_manifest", "PackerError"]

@@ -1,0 +1,224 @@
+"""Pillow policy, in one place: how a file becomes an upright image of a known mode.
+
+Rules (see shared RELIABILITY-NOTES, Pillow section):
+- only a full ``load()`` proves an image decodes; ``verify()`` passes truncated JPEGs;
+- a fresh ``Image.open`` per attempt, and any exception from open, EXIF or load is final;
+- images over ``max_pixels`` are refused after reading the header, before any decode;
+- truncated files are never padded (``LOAD_TRUNCATED_IMAGES`` is never turned on);
+- EXIF orientation is applied whenever pixels are decoded; multi-frame files give frame 0;
+- 16-bit and 32-bit grey is scaled to 8 bits (Pillow's ``convert`` would clip it);
+- converting to RGB or L drops an alpha channel, as ``convert`` does (torchvision does the same).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "MODES",
+    "ImageInfo",
+    "probe",
+    "decode",
+    "CHANNELS",
+    "output_mode",
+    "normalize_mode",
+    "resize",
+    "resized_size",
+    "encode",
+    "to_array",
+]
+
+DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485  # Pillow's own warning threshold
+MODES = ("RGB", "L", "keep")
+_KEPT_MODES = {"L", "LA", "RGB", "RGBA"}
+# Every format Pillow can open, except EPS, which runs Ghostscript on untrusted input.
+_BLOCKED_FORMATS = {"EPS"}
+_EXIF_ORIENTATION = 0x0112
+
+Source = bytes | memoryview | str | os.PathLike[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageInfo:
+    format: str  # Pillow's format name: "JPEG", "PNG", ...
+    height: int  # upright, after EXIF orientation
+    width: int
+    mode: str  # Pillow's mode of the file
+    has_transparency: bool = False
+
+
+def _open(source: Source, max_pixels: int) -> Image.Image:
+    fp = io.BytesIO(source) if isinstance(source, (bytes, memoryview)) else source
+    Image.init()
+    formats = [f for f in Image.OPEN if f not in _BLOCKED_FORMATS]
+    im = Image.open(fp, formats=formats)
+    width, height = im.size
+    if width <= 0 or height <= 0:
+        raise ValueError(f"image has no pixels ({width}x{height})")
+    if width * height > max_pixels:
+        raise ValueError(
+            f"decompression bomb refused: {width}x{height} = {width * height:,} pixels "
+            f"is over the limit of {max_pixels:,} (--max-pixels)"
+        )
+    return im
+
+
+def _orientation(im: Image.Image) -> int:
+    try:
+        value = im.getexif().get(_EXIF_ORIENTATION, 1)
+    except Exception:  # malformed EXIF is metadata damage, not pixel damage
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def probe(source: Source, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
+    """Parse the header only: cheap, proves the file is an image of sane size, not that it decodes."""
+    with _open(source, max_pixels) as im:
+        width, height = im.size
+        if _orientation(im) >= 5:  # orientations 5-8 swap width and height
+            width, height = height, width
+        return ImageInfo(im.format or "unknown", height, width, im.mode, "transparency" in im.info)
+
+
+def decode(
+    source: Source,
+    mode: str = "RGB",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    shrink_to: Callable[[int, int], tuple[int, int] | None] | None = None,
+) -> tuple[Image.Image, ImageInfo]:
+    """Fully decode ``source`` to an upright image in ``mode`` ("RGB", "L" or "keep").
+
+    Args:
+        shrink_to: maps the upright (width, height) to the size the caller will shrink
+            to, or None; lets JPEG decode at a reduced scale (never below that size),
+            which is several times faster than a full decode and resize.
+    """
+    im = _open(source, max_pixels)
+    try:
+        info = ImageInfo(
+            im.format or "unknown", im.size[1], im.size[0], im.mode, "transparency" in im.info
+        )
+        if shrink_to is not None and im.format == "JPEG":
+            turned = _orientation(im) >= 5  # draft works on the stored, unrotated size
+            width, height = im.size[::-1] if turned else im.size
+            target = shrink_to(width, height)
+            if target is not None:
+                im.draft(im.mode, target[::-1] if turned else target)
+        im.load()
+        upright = ImageOps.exif_transpose(im)
+    except Exception:
+        im.close()
+        raise
+    if upright is not im:
+        im.close()
+    info = ImageInfo(
+        info.format, upright.size[1], upright.size[0], info.mode, info.has_transparency
+    )
+    return normalize_mode(upright, mode), info
+
+
+def output_mode(source_mode: str, has_transparency: bool, policy: str = "RGB") -> str:
+    """The 8-bit mode ``normalize_mode`` gives an image of ``source_mode`` under ``policy``."""
+    if policy not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {policy!r}")
+    if policy != "keep":
+        return policy
+    if source_mode in _KEPT_MODES:
+        return source_mode
+    if source_mode in ("1", "I;16", "I;16B", "I;16L", "I", "F"):
+        return "L"
+    if source_mode == "La":
+        return "LA"
+    if source_mode in ("RGBa", "PA") or (source_mode == "P" and has_transparency):
+        return "RGBA"
+    return "RGB"  # P, CMYK, YCbCr, LAB, HSV, RGBX
+
+
+CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
+
+
+def normalize_mode(im: Image.Image, policy: str = "RGB") -> Image.Image:
+    """Bring any Pillow mode to 8-bit: "RGB", "L", or with "keep" the nearest of L, LA, RGB, RGBA."""
+    target = output_mode(im.mode, "transparency" in im.info, policy)
+    if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        im = _grey_to_8bit(im)
+    return im if im.mode == target else im.convert(target)
+
+
+def _grey_to_8bit(im: Image.Image) -> Image.Image:
+    values = np.asarray(im)
+    if im.mode == "F":
+        scaled = np.clip(values, 0, 255)
+    else:  # 16-bit samples (also PGM's 16-bit, opened as "I"): keep the top 8 bits
+        scaled = np.clip(values.astype(np.int64) >> 8, 0, 255)
+    return Image.fromarray(scaled.astype(np.uint8), "L")
+
+
+def resize(
+    im: Image.Image,
+    max_side: int | None = None,
+    size: tuple[int, int] | None = None,
+    fit: str = "crop",
+) -> Image.Image:
+    """Shrink so the longest side is at most ``max_side``, or to an exact (height, width).
+
+    ``fit`` for an exact size: "crop" scales to cover then crops the centre, "pad" scales to
+    fit then pads with black, "stretch" ignores the aspect ratio.
+    """
+    scaled = resized_size(im.width, im.height, max_side, size, fit)
+    if scaled is not None and scaled != im.size:
+        im = im.resize(scaled, Image.Resampling.BICUBIC, reducing_gap=3.0)
+    if size is None or fit == "stretch" or im.size == (size[1], size[0]):
+        return im
+    height, width = size
+    if fit == "crop":
+        left, top = (im.width - width) // 2, (im.height - height) // 2
+        return im.crop((left, top, left + width, top + height))
+    canvas = Image.new(im.mode, (width, height))
+    canvas.paste(im, ((width - im.width) // 2, (height - im.height) // 2))
+    return canvas
+
+
+def resized_size(
+    width: int, height: int, max_side: int | None, size: tuple[int, int] | None, fit: str
+) -> tuple[int, int] | None:
+    """The (width, height) ``resize`` scales to before any crop or pad; None if unchanged."""
+    if size is not None:
+        h, w = size
+        if fit == "stretch":
+            return (w, h)
+        scale = (max if fit == "crop" else min)(w / width, h / height)
+    elif max_side is not None and max(width, height) > max_side:
+        scale = max_side / max(width, height)
+    else:
+        return None
+    return (max(1, round(width * scale)), max(1, round(height * scale)))
+
+
+def encode(im: Image.Image, fmt: str, quality: int = 90) -> bytes:
+    """Encode to "jpeg", "png" or "webp". JPEG has no alpha: RGBA and LA lose it."""
+    out = io.BytesIO()
+    if fmt == "jpeg":
+        if im.mode not in ("RGB", "L"):
+            im = im.convert("L" if im.mode == "LA" else "RGB")
+        im.save(out, "JPEG", quality=quality)
+    elif fmt == "png":
+        im.save(out, "PNG", compress_level=6)
+    elif fmt == "webp":
+        im.save(out, "WEBP", quality=quality, method=4)
+    else:
+        raise ValueError(f"unknown encoding {fmt!r}; choose jpeg, png or webp")
+    return out.getvalue()
+
+
+def to_array(im: Image.Image) -> np.ndarray:
+    """Height x width x channels uint8 (grey images get one channel)."""
+    array = np.asarray(im, dtype=np.uint8)
+    return array[:, :, None] if array.ndim == 2 else array

@@ -1,0 +1,147 @@
+"""Pack options: one validated object shared by the CLI, the planner and the worker pool."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from packer.errors import UsageError
+from packer.imaging import DEFAULT_MAX_PIXELS, MODES
+
+__all__ = ["PackOptions", "parse_size", "parse_hw", "default_workers"]
+
+ENCODINGS = ("jpeg", "png", "webp")
+FITS = ("crop", "pad", "stretch")
+CHECKS = ("full", "header")
+ON_ERROR = ("skip", "fail")
+COMPRESSIONS = ("gzip", "lzf")
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def default_workers() -> int:
+    """All cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def parse_size(text: str) -> int:
+    """'1GB' -> 10**9, '512MiB' -> 512 * 2**20, '1000' -> 1000 bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UsageError(f"size {text!r} not understood; write e.g. 1GB, 512MB or 256MiB")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def parse_hw(text: str) -> tuple[int, int]:
+    """'224x224' or '224' -> (height, width)."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*", text)
+    if not match:
+        raise UsageError(f"size {text!r} not understood; write HEIGHTxWIDTH, e.g. 224x224")
+    height = int(match.group(1))
+    width = int(match.group(2) or height)
+    if height < 1 or width < 1:
+        raise UsageError(f"size {text!r} must be at least 1x1")
+    return height, width
+
+
+@dataclass
+class PackOptions:
+    """Every choice a pack makes. Validated on construction; recorded in the manifest."""
+
+    backend: str = "lmdb"
+    labels: str = "folders"  # "folders", "none" or the path of a CSV/TSV file
+    path_column: str | None = None
+    label_columns: list[str] | None = None
+    seed: int | None = None  # None: a fresh random seed, recorded in the manifest
+    shuffle: bool = True
+    raw: bool = False  # store decoded uint8 pixels
+    encode: str | None = None  # re-encode as jpeg / png / webp
+    quality: int = 90
+    max_side: int | None = None
+    size: tuple[int, int] | None = None  # (height, width)
+    fit: str = "crop"
+    mode: str = "RGB"
+    shard_size: int = 10**9
+    shards: int | None = None  # a fixed number of shards instead of shard_size
+    compression: str | None = None  # HDF5 only
+    workers: int = 0  # 0: all cores
+    check: str = "full"
+    on_error: str = "skip"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        def choose(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+            if value not in allowed:
+                raise UsageError(f"--{name.replace('_', '-')} must be one of "
+                                 f"{', '.join(allowed)}, not {value!r}")
+
+        choose("backend", self.backend, ("lmdb", "hdf5"))
+        choose("mode", self.mode, MODES)
+        choose("fit", self.fit, FITS)
+        choose("check", self.check, CHECKS)
+        choose("on_error", self.on_error, ON_ERROR)
+        if self.encode is not None:
+            choose("encode", self.encode, ENCODINGS)
+        if self.compression is not None:
+            choose("compression", self.compression, COMPRESSIONS)
+            if self.backend != "hdf5":
+                raise UsageError("--compression applies to HDF5 stores only")
+        if self.raw and self.encode:
+            raise UsageError("--raw stores decoded pixels; it cannot be combined with --encode")
+        if self.max_side is not None and self.size is not None:
+            raise UsageError("give --max-side or --size, not both")
+        for name in ("quality", "max_side", "shards", "max_pixels", "shard_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+        if not 1 <= self.quality <= 100:
+            raise UsageError(f"--quality must be between 1 and 100, not {self.quality}")
+        if self.workers < 0:
+            raise UsageError(f"--workers must be 0 (all cores) or more, not {self.workers}")
+        if self.mode == "keep" and self.encode == "jpeg":
+            raise UsageError("JPEG cannot keep alpha channels; use --mode RGB or L, or --encode png")
+
+    @property
+    def payload(self) -> str:
+        """'raw' pixels, 'encoded' (re-encoded by the pack) or 'original' source bytes."""
+        if self.raw:
+            return "raw"
+        if self.encode or self.max_side or self.size:
+            return "encoded"
+        return "original"
+
+    @property
+    def encoding(self) -> str | None:
+        """The encoding of re-encoded payloads: the one asked for, else JPEG for a resize."""
+        if self.payload != "encoded":
+            return None
+        return self.encode or ("png" if self.mode == "keep" else "jpeg")
+
+    @property
+    def num_workers(self) -> int:
+        return self.workers or default_workers()
+
+    def fixed_shape(self) -> list[int] | None:
+        """[h, w, c] every record has, when the options alone decide it (raw, --size, RGB/L)."""
+        if self.raw and self.size is not None and self.mode != "keep":
+            return [self.size[0], self.size[1], 3 if self.mode == "RGB" else 1]
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["size"] = list(self.size) if self.size else None
+        data["labels"] = str(self.labels)
+        return data
+
+
+def labels_path(labels: str) -> Path | None:
+    return None if labels in ("folders", "none") else Path(labels)

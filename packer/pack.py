@@ -1,0 +1,348 @@
+"""``pack``: a folder of images in, a pre-shuffled, sharded store out.
+
+    scan -> shuffle -> plan shards -> prepare in a process pool -> shard writers -> commit
+
+This is the only module that knows the whole sequence; each step is a function or class
+from a module with one job. Only this process writes (one writer per shard, in turn); the
+pool's workers only read, check and re-encode. Results come back in submission order from
+a bounded window of tasks, so output is identical for the same seed whatever the number of
+workers, and memory stays bounded whatever the size of the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from packer import __version__
+from packer.errors import BadImageError, EmptySourceError, PackerError, PackInterrupted, StoreError
+from packer.manifest import Manifest, ShardInfo, Storage, write_manifest
+from packer.options import PackOptions
+from packer.prepare import Prepared, Rejected, init_worker, prepare_files
+from packer.record import Record, checksum
+from packer.scan import Skipped
+from packer.shuffle import new_seed, permutation
+from packer.source import Source, SourceItem, load_source
+from packer.staging import Staging
+from packer.stats import RecordStats
+from packer.store import ShardMeta, backend_for_path, open_shard_writer, shard_name
+
+__all__ = ["Progress", "PackResult", "pack", "plan_shards"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str  # "scan" (total unknown) or "pack"
+    done: int
+    total: int | None
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class PackResult:
+    store: Path
+    manifest: Manifest
+    seconds: float
+    source_bytes: int  # bytes of the source files that were packed
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def skipped_by_reason(self) -> Counter[str]:
+        return Counter(s.reason.split(":", 1)[0] for s in self.skipped)
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "store": str(self.store),
+            "backend": m.backend,
+            "packed": m.num_records,
+            "skipped": len(self.skipped),
+            "skipped_by_reason": dict(self.skipped_by_reason()),
+            "shards": len(m.shards),
+            "source_bytes": self.source_bytes,
+            "store_bytes": sum(s.bytes for s in m.shards),
+            "seconds": round(self.seconds, 3),
+            "images_per_s": round(m.num_records / self.seconds, 1) if self.seconds else None,
+            "mb_per_s": round(self.source_bytes / 1e6 / self.seconds, 1) if self.seconds else None,
+            "seed": m.seed,
+        }
+
+
+def pack(
+    source: Path | str,
+    output: Path | str,
+    options: PackOptions | None = None,
+    *,
+    progress: ProgressFn | None = None,
+) -> PackResult:
+    """Pack the images under ``source`` into a new store at ``output``.
+
+    The store appears at ``output`` only when complete; on any error or Ctrl-C nothing is
+    left there (nor in ``output.partial``). Bad files are skipped and listed in the
+    manifest, or stop the pack with ``options.on_error == "fail"``.
+
+    Raises:
+        PackerError: a problem the user can act on (see ``packer.errors``).
+    """
+    started = time.perf_counter()
+    source, output = Path(source), Path(output)
+    options = options or PackOptions(backend=backend_for_path(output) or "lmdb")
+    _check_paths(source, output)
+    src = load_source(
+        source,
+        options.labels,
+        path_column=options.path_column,
+        label_columns=options.label_columns,
+        progress=(lambda n: progress(Progress("scan", n, None))) if progress else None,
+    )
+    seed = options.seed if options.seed is not None else new_seed()
+    order = permutation(len(src.items), seed) if options.shuffle else range(len(src.items))
+    items = [src.items[i] for i in order]
+    plan = plan_shards([_estimated_bytes(item, options) for item in items], options)
+
+    staging = Staging(output, options.overwrite)
+    try:
+        written = _write_shards(src, items, plan, options, staging.path, progress)
+        manifest = _manifest(src, written, options, seed)
+        write_manifest(staging.path, manifest)
+        staging.commit()
+    except KeyboardInterrupt:
+        staging.discard()
+        raise PackInterrupted(f"interrupted: nothing was written to {output}") from None
+    except OSError as e:
+        staging.discard()
+        raise StoreError(f"{output}: {_os_error(e)}; nothing was written") from e
+    except BaseException:
+        staging.discard()
+        raise
+    return PackResult(
+        output, manifest, time.perf_counter() - started, written.source_bytes, written.skipped
+    )
+
+
+def _check_paths(source: Path, output: Path) -> None:
+    try:
+        output.resolve().relative_to(source.resolve())
+    except ValueError:
+        return
+    raise PackerError(f"{output} is inside the source folder {source}; write the store elsewhere")
+
+
+def plan_shards(estimated_bytes: list[int], options: PackOptions) -> list[range]:
+    """Split the packed order into shards: ``options.shards`` equal counts, or runs of about
+    ``options.shard_size`` estimated bytes. Planned up front, from sizes known before any
+    image is read, so the plan is the same on every run of the same inputs."""
+    n = len(estimated_bytes)
+    if options.shards is not None:
+        count = min(options.shards, n)
+        bounds = [round(i * n / count) for i in range(count + 1)]
+        return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    plan, start, filled = [], 0, 0
+    for i, nbytes in enumerate(estimated_bytes):
+        if filled and filled + nbytes > options.shard_size:
+            plan.append(range(start, i))
+            start, filled = i, 0
+        filled += nbytes
+    plan.append(range(start, n))
+    return plan
+
+
+def _estimated_bytes(item: SourceItem, options: PackOptions) -> int:
+    if not options.raw:
+        return item.size  # untouched bytes exactly; re-encoded ones rarely larger
+    shape = options.fixed_shape()
+    if shape is not None:
+        return shape[0] * shape[1] * shape[2]
+    if options.max_side is not None:
+        return min(item.size * 10, options.max_side**2 * 4)
+    return item.size * 10  # a JPEG decodes to roughly ten times its size
+
+
+@dataclass
+class _Written:
+    shards: list[ShardInfo]
+    stats: RecordStats
+    skipped: list[Skipped]
+    source_bytes: int
+    common_shape: list[int] | None
+
+
+def _write_shards(
+    src: Source,
+    items: list[SourceItem],
+    plan: list[range],
+    options: PackOptions,
+    folder: Path,
+    progress: ProgressFn | None,
+) -> _Written:
+    stats = RecordStats(len(src.columns))
+    skipped = list(src.skipped)
+    shapes: set[tuple[int, int, int]] = set()
+    source_bytes = 0
+    hashes: list[Future[ShardInfo]] = []
+    results = _prepared_in_order([str(src.root / item.path) for item in items], options)
+    meta_extra = {"backend": options.backend, "storage": asdict(_storage(options, None)),
+                  "label_columns": [c.to_json() for c in src.columns]}
+    # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
+    with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
+        for index, shard_range in enumerate(plan):
+            path = folder / shard_name(options.backend, index)
+            meta = ShardMeta(index, len(src.columns), options.fixed_shape() if options.backend == "hdf5" else None,
+                             options.compression, meta_extra)
+            writer_options = {"map_size": _map_size(items, shard_range)} if options.backend == "lmdb" else {}
+            writer = open_shard_writer(options.backend, path, meta, **writer_options)
+            count = payload_bytes = 0
+            try:
+                for position in shard_range:
+                    item = items[position]
+                    result = next(results)
+                    record = _to_record(src.root, item, result)
+                    if isinstance(record, Skipped):
+                        if options.on_error == "fail":
+                            raise BadImageError(str(src.root / item.path), record.reason)
+                        skipped.append(record)
+                    else:
+                        writer.append(record)
+                        count += 1
+                        payload_bytes += len(record.data)
+                        source_bytes += item.size
+                        stats.add(len(record.data), record.shape, record.format, record.labels)
+                        if len(shapes) < 2:
+                            shapes.add(record.shape)
+                    if progress is not None:
+                        progress(Progress("pack", position + 1, len(items)))
+                writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+            hashes.append(hasher.submit(_shard_info, path, count, payload_bytes))
+        shards = [h.result() for h in hashes]
+    if not any(s.num_records for s in shards):
+        reasons = Counter(s.reason for s in skipped).most_common(3)
+        raise EmptySourceError(
+            f"{src.root}: none of {len(items)} files could be packed "
+            f"(most common reasons: {'; '.join(f'{r} x{n}' for r, n in reasons)})"
+        )
+    common = list(next(iter(shapes))) if len(shapes) == 1 else None
+    return _Written(shards, stats, skipped, source_bytes, common)
+
+
+def _to_record(root: Path, item: SourceItem, result: Prepared | Rejected) -> Record | Skipped:
+    if isinstance(result, Rejected):
+        return Skipped(item.path, result.reason)
+    payload = result.payload
+    crc = result.crc32
+    if payload is None:  # untouched source bytes: read them here, not through the pool's pipes
+        try:
+            payload = (root / item.path).read_bytes()
+        except OSError as e:
+            return Skipped(item.path, f"cannot read: {e.strerror}")
+        actual = checksum(payload)
+        if len(payload) != item.size or (crc is not None and crc != actual):
+            return Skipped(item.path, "file changed while packing")
+        crc = actual
+    assert crc is not None
+    return Record(payload, item.labels, item.path, crc, result.shape, result.format)
+
+
+def _prepared_in_order(paths: list[str], options: PackOptions) -> Iterator[Prepared | Rejected]:
+    """Results for ``paths`` in order, from a process pool with a bounded window of tasks."""
+    workers = options.num_workers
+    task_size = max(1, min(32, len(paths) // (workers * 8)))
+    window = workers * 4
+    # forkserver: workers never inherit this process's open LMDB/HDF5 handles.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    pool = ProcessPoolExecutor(workers, context, initializer=init_worker, initargs=(options,))
+    pending: deque[tuple[list[str], Future[list[Prepared | Rejected]]]] = deque()
+    try:
+        for start in range(0, len(paths), task_size):
+            batch = paths[start : start + task_size]
+            pending.append((batch, pool.submit(prepare_files, batch)))
+            if len(pending) >= window:
+                yield from _result(*pending.popleft())
+        while pending:
+            yield from _result(*pending.popleft())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(batch: list[str], future: Future[list[Prepared | Rejected]]) -> list[Prepared | Rejected]:
+    try:
+        return future.result()
+    except BrokenProcessPool as e:
+        raise PackerError(
+            f"a worker process died while reading one of {len(batch)} files starting at "
+            f"{batch[0]} (a decoder crash or out of memory); move the file aside and pack again"
+        ) from e
+
+
+def _map_size(items: list[SourceItem], shard_range: range) -> int:
+    # Address space only (64-bit): reserve generously, the file grows just as data is written.
+    estimate = sum(items[i].size for i in shard_range)
+    return max(64 << 20, 2 * estimate)
+
+
+def _shard_info(path: Path, num_records: int, payload_bytes: int) -> ShardInfo:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return ShardInfo(path.name, num_records, size, digest.hexdigest(), payload_bytes)
+
+
+def _storage(options: PackOptions, common_shape: list[int] | None) -> Storage:
+    return Storage(
+        payload=options.payload,
+        mode=options.mode,
+        encoding=options.encoding,
+        quality=options.quality if options.encoding in ("jpeg", "webp") else None,
+        max_side=options.max_side,
+        size=list(options.size) if options.size else None,
+        fit=options.fit if options.size else None,
+        shape=options.fixed_shape() or (common_shape if options.raw else None),
+        compression=options.compression,
+    )
+
+
+def _manifest(src: Source, written: _Written, options: PackOptions, seed: int) -> Manifest:
+    return Manifest(
+        backend=options.backend,
+        num_records=sum(s.num_records for s in written.shards),
+        shards=written.shards,
+        storage=_storage(options, written.common_shape),
+        label_source=src.label_source,
+        label_columns=[c.to_json() for c in src.columns],
+        seed=seed,
+        shuffled=options.shuffle,
+        packer_version=__version__,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        options=options.to_json(),
+        stats=written.stats.to_json(),
+        skipped=[{"path": s.path, "reason": s.reason} for s in written.skipped],
+        source={"root": str(src.root.resolve()), "files": len(src.items) + len(src.skipped),
+                "packed_bytes": written.source_bytes},
+    )
+
+
+def _os_error(e: OSError) -> str:
+    import errno
+
+    if e.errno == errno.ENOSPC:
+        return f"no space left on device (writing {e.filename or 'the store'})"
+    return f"{e.strerror or e} ({e.filename})" if e.filename else str(e)

@@ -1,0 +1,99 @@
+"""Turn one source file into what a record stores. Runs in the pack's worker processes.
+
+Workers never touch the store: they check, decode and re-encode, and send back either the
+new payload or, when the source bytes are stored untouched, only what they learned about
+the file (its shape, format, checksum), so the big bytes are not pickled across processes.
+"""
+
+from __future__ import annotations
+
+import signal
+import warnings
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from PIL import Image
+
+from packer import imaging
+from packer.options import PackOptions
+from packer.record import checksum
+
+__all__ = ["Prepared", "Rejected", "init_worker", "prepare_files", "prepare_file", "reason"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    payload: bytes | None  # None: store the source file's bytes as they are
+    crc32: int | None  # checksum of the payload, or of the source bytes the worker checked
+    shape: tuple[int, int, int]  # upright height, width, channels as the reader yields them
+    format: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: str
+
+
+_options: PackOptions | None = None
+
+
+def init_worker(options: PackOptions) -> None:
+    """Pool initializer: Ctrl-C is the parent's to handle; Pillow's bomb limit is ours."""
+    global _options
+    _options = options
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Our own check in imaging refuses images over max_pixels before any decode; raise
+    # Pillow's limit to match, so its own 2x error does not fire first with another message.
+    Image.MAX_IMAGE_PIXELS = options.max_pixels
+    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+
+
+def prepare_files(paths: list[str]) -> list[Prepared | Rejected]:
+    """Worker task: prepare a batch of files (absolute paths), in order."""
+    assert _options is not None, "init_worker was not called"
+    return [prepare_file(Path(p), _options) for p in paths]
+
+
+def prepare_file(path: Path, options: PackOptions) -> Prepared | Rejected:
+    try:
+        if options.payload == "original" and options.check == "header":
+            info = imaging.probe(path, options.max_pixels)
+            return Prepared(None, None, _shape(info, options.mode), info.format)
+        data = path.read_bytes()
+        if options.payload == "original":
+            _, info = imaging.decode(data, options.mode, options.max_pixels)
+            return Prepared(None, checksum(data), _shape(info, options.mode), info.format)
+        return _transform(data, options)
+    except Exception as e:  # noqa: BLE001 - any exception from a decoder means "bad image"
+        return Rejected(reason(e))
+
+
+def _transform(data: bytes, options: PackOptions) -> Prepared:
+    shrink_to = partial(
+        imaging.resized_size, max_side=options.max_side, size=options.size, fit=options.fit
+    )
+    im, _ = imaging.decode(data, options.mode, options.max_pixels, shrink_to=shrink_to)
+    im = imaging.resize(im, options.max_side, options.size, options.fit)
+    if options.raw:
+        pixels = imaging.to_array(im)
+        payload = pixels.tobytes()
+        return Prepared(payload, checksum(payload), pixels.shape, "raw")  # type: ignore[arg-type]
+    encoding = options.encoding or "jpeg"
+    payload = imaging.encode(im, encoding, options.quality)
+    channels = imaging.CHANNELS[im.mode] if encoding != "jpeg" or im.mode == "L" else 3
+    return Prepared(payload, checksum(payload), (im.height, im.width, channels), encoding.upper())
+
+
+def _shape(info: imaging.ImageInfo, mode: str) -> tuple[int, int, int]:
+    channels = imaging.CHANNELS[imaging.output_mode(info.mode, info.has_transparency, mode)]
+    return (info.height, info.width, channels)
+
+
+def reason(e: Exception) -> str:
+    """One line that says why a file was not packed."""
+    if isinstance(e, Image.UnidentifiedImageError):
+        return "not an image (Pillow cannot identify it)"
+    if isinstance(e, OSError) and e.errno is not None:  # the file itself: EACCES, EIO, ...
+        return f"cannot read: {e.strerror}"
+    return f"{type(e).__name__}: {e}"  # a decoder's own error: truncated, corrupt, too large

@@ -1,0 +1,110 @@
+"""A record, and how it is laid out as one LMDB value.
+
+LMDB value layout (little-endian)::
+
+    u32 n | n bytes of msgpack meta {"p": path, "l": [labels], "c": crc32, "s": [h, w, c], "f": format} | payload
+
+The payload comes last and unframed, so a reader can take it as a zero-copy slice of the
+value without msgpack copying it. msgpack, never pickle: opening a store from an untrusted
+source must not run code.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+__all__ = ["Record", "Block", "checksum", "pack_value", "unpack_value"]
+
+_LENGTH = struct.Struct("<I")
+# A meta block is a few hundred bytes; anything larger is damage, not data.
+_MAX_META = 1 << 20
+
+
+def checksum(data: bytes | memoryview) -> int:
+    """CRC-32 of a payload: cheap enough to check on every read, catches bit flips."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class Record:
+    data: bytes | memoryview  # encoded image bytes, or raw uint8 pixels in (h, w, c) order
+    labels: tuple[int, ...]
+    path: str  # original path, relative to the source folder
+    crc32: int
+    shape: tuple[int, int, int]  # upright height, width, channels as the reader yields them
+    format: str  # "JPEG", "PNG", ... or "raw"
+
+
+@dataclass
+class Block:
+    """Consecutive records of one shard, column by column (what one sequential read returns).
+
+    ``data`` is a list of payloads, or one (n, h, w, c) uint8 array for a raw store whose
+    images all have one shape.
+    """
+
+    data: list[bytes | memoryview] | np.ndarray
+    labels: np.ndarray  # (n, number of label columns) int64
+    paths: list[str]
+    crc32: np.ndarray  # (n,) uint32
+    shapes: np.ndarray  # (n, 3) int32
+    formats: list[str]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def record(self, i: int) -> Record:
+        data = self.data[i]
+        payload = data.tobytes() if isinstance(data, np.ndarray) else data
+        return Record(
+            payload,
+            tuple(int(v) for v in self.labels[i]),
+            self.paths[i],
+            int(self.crc32[i]),
+            (int(self.shapes[i, 0]), int(self.shapes[i, 1]), int(self.shapes[i, 2])),
+            self.formats[i],
+        )
+
+
+def pack_value(record: Record) -> bytes:
+    meta = msgpack.packb(
+        {
+            "p": record.path,
+            "l": list(record.labels),
+            "c": record.crc32,
+            "s": list(record.shape),
+            "f": record.format,
+        }
+    )
+    return b"".join((_LENGTH.pack(len(meta)), meta, record.data))
+
+
+def unpack_value(value: bytes | memoryview) -> Record:
+    """Parse one LMDB value; the payload is a slice of ``value`` (no copy for a memoryview).
+
+    Raises ValueError on a value that is not a packer record.
+    """
+    view = memoryview(value)
+    if len(view) < _LENGTH.size:
+        raise ValueError(f"record value is {len(view)} bytes, too short")
+    (n,) = _LENGTH.unpack_from(view)
+    if n > _MAX_META or _LENGTH.size + n > len(view):
+        raise ValueError(f"record meta length {n} does not fit the {len(view)}-byte value")
+    try:
+        meta = msgpack.unpackb(view[_LENGTH.size : _LENGTH.size + n])
+        height, width, channels = meta["s"]
+        return Record(
+            view[_LENGTH.size + n :],
+            tuple(meta["l"]),
+            meta["p"],
+            meta["c"],
+            (height, width, channels),
+            meta["f"],
+        )
+    except (msgpack.UnpackException, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"record meta is damaged: {e}") from e

@@ -1,0 +1,88 @@
+"""Walk a source folder: every non-hidden regular file, in a reproducible order.
+
+Only ``stat`` is done here; whether a file is an image is decided later, in the worker
+pool, by Pillow (an image is what Pillow can identify, not what its extension says).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FoundFile", "Skipped", "walk"]
+
+
+@dataclass(frozen=True, slots=True)
+class FoundFile:
+    path: str  # relative to the source root, "/"-separated: the name a record keeps
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+def walk(
+    root: Path, progress: Callable[[int], None] | None = None
+) -> tuple[list[FoundFile], list[Skipped]]:
+    """Find every candidate file under ``root``, sorted by relative path.
+
+    Hidden entries (a name starting with ".") are left out. Symlinks are followed, to
+    files and folders alike, but a folder already visited (same device and inode) is not
+    entered again, so a symlink loop ends the walk instead of looping. Broken links,
+    unreadable folders and names that are not valid UTF-8 are returned as ``Skipped``.
+    """
+    found: list[FoundFile] = []
+    skipped: list[Skipped] = []
+    root_stat = root.stat()
+    visited = {(root_stat.st_dev, root_stat.st_ino)}
+    pending = [""]  # folders still to list, relative to root
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = list(os.scandir(root / rel_dir if rel_dir else root))
+        except OSError as e:
+            skipped.append(Skipped(rel_dir or ".", f"cannot list folder: {e.strerror}"))
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if not _is_utf8(rel):
+                skipped.append(Skipped(repr(rel), "file name is not valid UTF-8"))
+                continue
+            try:
+                st = entry.stat(follow_symlinks=True)
+            except OSError as e:
+                reason = "broken symlink" if entry.is_symlink() else f"cannot stat: {e.strerror}"
+                skipped.append(Skipped(rel, reason))
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                if (st.st_dev, st.st_ino) in visited:
+                    skipped.append(Skipped(rel, "folder already visited (symlink loop)"))
+                else:
+                    visited.add((st.st_dev, st.st_ino))
+                    pending.append(rel)
+            elif stat.S_ISREG(st.st_mode):
+                found.append(FoundFile(rel, st.st_size))
+                if progress is not None and len(found) % 1000 == 0:
+                    progress(len(found))
+            else:
+                skipped.append(Skipped(rel, "not a regular file"))
+    found.sort(key=lambda f: f.path)
+    skipped.sort(key=lambda s: s.path)
+    return found, skipped
+
+
+def _is_utf8(name: str) -> bool:
+    # os.scandir decodes undecodable bytes as lone surrogates; those cannot be stored as text.
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

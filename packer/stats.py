@@ -1,0 +1,68 @@
+"""Streaming summaries of a store's records: constant memory however many records pass."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Distribution", "RecordStats"]
+
+
+@dataclass
+class Distribution:
+    """Count, min, max, mean and a power-of-two histogram of non-negative integers."""
+
+    count: int = 0
+    total: int = 0
+    min: int | None = None
+    max: int | None = None
+    histogram: Counter[int] = field(default_factory=Counter)  # 2**k -> values in [2**k, 2**(k+1))
+
+    def add(self, value: int) -> None:
+        self.count += 1
+        self.total += value
+        self.min = value if self.min is None else min(self.min, value)
+        self.max = value if self.max is None else max(self.max, value)
+        self.histogram[1 << int(math.log2(value)) if value > 0 else 0] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "min": self.min,
+            "max": self.max,
+            "mean": round(self.total / self.count, 1) if self.count else None,
+            "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
+        }
+
+
+@dataclass
+class RecordStats:
+    num_label_columns: int
+    payload_bytes: Distribution = field(default_factory=Distribution)
+    height: Distribution = field(default_factory=Distribution)
+    width: Distribution = field(default_factory=Distribution)
+    formats: Counter[str] = field(default_factory=Counter)
+    label_counts: list[Counter[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.label_counts = [Counter() for _ in range(self.num_label_columns)]
+
+    def add(self, nbytes: int, shape: tuple[int, int, int], fmt: str, labels: tuple[int, ...]) -> None:
+        self.payload_bytes.add(nbytes)
+        self.height.add(shape[0])
+        self.width.add(shape[1])
+        self.formats[fmt] += 1
+        for counter, label in zip(self.label_counts, labels):
+            counter[label] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "payload_bytes": self.payload_bytes.to_json(),
+            "height": self.height.to_json(),
+            "width": self.width.to_json(),
+            "formats": dict(sorted(self.formats.items())),
+            # JSON keys are strings; per column, label value -> count
+            "label_counts": [{str(k): v for k, v in sorted(c.items())} for c in self.label_counts],
+        }

@@ -1,0 +1,45 @@
+"""Backends by name. Adding a backend means adding one module and one line here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packer.store.base import ShardMeta, ShardReader, ShardWriter
+from packer.store.hdf5_store import Hdf5ShardReader, Hdf5ShardWriter
+from packer.store.lmdb_store import LmdbShardReader, LmdbShardWriter
+
+__all__ = [
+    "BACKENDS",
+    "SUFFIXES",
+    "ShardMeta",
+    "ShardReader",
+    "ShardWriter",
+    "backend_for_path",
+    "open_shard_writer",
+    "open_shard_reader",
+    "shard_name",
+]
+
+BACKENDS = {
+    "lmdb": (LmdbShardWriter, LmdbShardReader),
+    "hdf5": (Hdf5ShardWriter, Hdf5ShardReader),
+}
+SUFFIXES = {"lmdb": ".lmdb", "hdf5": ".h5"}
+_BACKEND_OF_SUFFIX = {".lmdb": "lmdb", ".mdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5"}
+
+
+def backend_for_path(path: Path | str) -> str | None:
+    """The backend a store path asks for by its suffix (out.lmdb, out.h5), or None."""
+    return _BACKEND_OF_SUFFIX.get(Path(path).suffix.lower())
+
+
+def shard_name(backend: str, index: int) -> str:
+    return f"shard-{index:05d}{SUFFIXES[backend]}"
+
+
+def open_shard_writer(backend: str, path: Path, meta: ShardMeta, **options: int) -> ShardWriter:
+    return BACKENDS[backend][0](path, meta, **options)  # type: ignore[no-any-return]
+
+
+def open_shard_reader(backend: str, path: Path) -> ShardReader:
+    return BACKENDS[backend][1](path)  # type: ignore[no-any-return]

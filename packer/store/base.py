@@ -1,0 +1,52 @@
+"""The one interface every backend implements: write a shard, read it back.
+
+Everything else in packer (scanning, shuffling, the pool, the manifest, the reader) is
+written once against this and knows nothing of LMDB or HDF5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from packer.record import Block, Record
+
+__all__ = ["ShardMeta", "ShardWriter", "ShardReader"]
+
+
+@dataclass
+class ShardMeta:
+    """What a shard says about itself, so that one shard file is usable alone."""
+
+    index: int  # position of the shard in its store
+    num_label_columns: int
+    raw_shape: list[int] | None = None  # [h, w, c] when every payload is raw pixels of one shape
+    compression: str | None = None  # HDF5 filter for the payload dataset
+    extra: dict[str, Any] = field(default_factory=dict)  # storage + label columns, for humans
+
+
+class ShardWriter(Protocol):
+    """Appends records in order; not thread-safe; one writer per shard file."""
+
+    def append(self, record: Record) -> None: ...
+
+    def close(self) -> None:
+        """Flush and fsync: after close returns, the file is complete on disk."""
+
+    def abort(self) -> None:
+        """Release the file without finishing it; the caller deletes it."""
+
+
+class ShardReader(Protocol):
+    """Reads one finished shard. Open it in the thread or process that reads (never across fork)."""
+
+    meta: dict[str, Any]
+
+    def __len__(self) -> int: ...
+
+    def read_block(self, start: int, stop: int) -> Block:
+        """Records ``start`` to ``stop`` (exclusive) in one sequential pass."""
+
+    def read_record(self, index: int) -> Record: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,189 @@
+"""HDF5 shards: columns of equal length, one row per record, readable by h5py, PyTables, h5dump.
+
+Layout of one shard file::
+
+    /data      uint8 (total payload bytes,)   every payload back to back, in record order
+    /offsets   uint64 (n + 1,)                record i is data[offsets[i]:offsets[i+1]]
+    /images    uint8 (n, h, w, c)             instead of data/offsets for raw pixels of one shape
+    /labels    int64 (n, number of label columns)
+    /crc32     uint32 (n,)
+    /shapes    int32 (n, 3)                   upright height, width, channels
+    /formats   uint8 (n,)                     index into the attribute format_names
+    /paths     variable-length UTF-8 (n,)     original relative path
+    attribute "packer" on the root            the shard's own metadata, as JSON
+
+One flat byte dataset plus offsets, not a vlen dataset: a range of records is then one
+contiguous slice, read in one call and split without copying (scripts/bench_hdf5_layout.py
+measures the two).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from packer.record import Block, Record
+from packer.store.base import ShardMeta
+
+__all__ = ["Hdf5ShardWriter", "Hdf5ShardReader"]
+
+_CHUNK_BYTES = 1 << 20  # HDF5 chunk of the payload dataset
+_FLUSH_BYTES = 16 << 20  # payload bytes buffered in memory between writes
+_COMPRESSION = {None: {}, "gzip": {"compression": "gzip", "compression_opts": 4}, "lzf": {"compression": "lzf"}}
+
+
+class Hdf5ShardWriter:
+    """Writes one HDF5 shard; payloads go out in 16 MB slices, the small columns at close."""
+
+    def __init__(self, path: Path, meta: ShardMeta) -> None:
+        if meta.compression not in _COMPRESSION:
+            raise ValueError(f"unknown HDF5 compression {meta.compression!r}; use gzip or lzf")
+        self.path = path
+        self.meta = meta
+        self._file = h5py.File(path, "w", track_order=False)
+        filters = _COMPRESSION[meta.compression]
+        if meta.raw_shape is not None:
+            h, w, c = meta.raw_shape
+            rows = max(1, _CHUNK_BYTES // (h * w * c))
+            self._payloads = self._file.create_dataset(
+                "images", (0, h, w, c), np.uint8, maxshape=(None, h, w, c),
+                chunks=(rows, h, w, c), track_times=False, **filters,
+            )
+        else:
+            self._payloads = self._file.create_dataset(
+                "data", (0,), np.uint8, maxshape=(None,), chunks=(_CHUNK_BYTES,),
+                track_times=False, **filters,
+            )
+        self._buffer: list[bytes | memoryview] = []
+        self._buffer_bytes = 0
+        self._written = 0  # payload rows (raw) or bytes (flat) already in the file
+        self._offsets = [0]
+        self._labels: list[tuple[int, ...]] = []
+        self._crc32: list[int] = []
+        self._shapes: list[tuple[int, int, int]] = []
+        self._formats: list[str] = []
+        self._paths: list[str] = []
+
+    def append(self, record: Record) -> None:
+        self._buffer.append(record.data)
+        self._buffer_bytes += len(record.data)
+        self._offsets.append(self._offsets[-1] + len(record.data))
+        self._labels.append(record.labels)
+        self._crc32.append(record.crc32)
+        self._shapes.append(record.shape)
+        self._formats.append(record.format)
+        self._paths.append(record.path)
+        if self._buffer_bytes >= _FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        joined = np.frombuffer(b"".join(self._buffer), dtype=np.uint8)
+        if self.meta.raw_shape is not None:
+            rows = joined.reshape(-1, *self.meta.raw_shape)
+            self._payloads.resize(self._written + len(rows), axis=0)
+            self._payloads[self._written :] = rows
+            self._written += len(rows)
+        else:
+            self._payloads.resize((self._written + len(joined),))
+            self._payloads[self._written :] = joined
+            self._written += len(joined)
+        self._buffer.clear()
+        self._buffer_bytes = 0
+
+    def close(self) -> None:
+        self._flush()
+        n = len(self._paths)
+        f = self._file
+        if self.meta.raw_shape is None:
+            f.create_dataset("offsets", data=np.array(self._offsets, np.uint64), track_times=False)
+        labels = np.array(self._labels, np.int64).reshape(n, self.meta.num_label_columns)
+        f.create_dataset("labels", data=labels, track_times=False)
+        f.create_dataset("crc32", data=np.array(self._crc32, np.uint32), track_times=False)
+        f.create_dataset("shapes", data=np.array(self._shapes, np.int32).reshape(n, 3), track_times=False)
+        names = sorted(set(self._formats))
+        codes = {name: i for i, name in enumerate(names)}
+        f.create_dataset(
+            "formats", data=np.array([codes[x] for x in self._formats], np.uint8), track_times=False
+        )
+        f["formats"].attrs["format_names"] = json.dumps(names)
+        f.create_dataset(
+            "paths", data=self._paths, dtype=h5py.string_dtype("utf-8"), track_times=False
+        )
+        meta = {
+            "index": self.meta.index,
+            "num_records": n,
+            "num_label_columns": self.meta.num_label_columns,
+            "raw_shape": self.meta.raw_shape,
+            **self.meta.extra,
+        }
+        f.attrs["packer"] = json.dumps(meta)
+        f.close()
+        _fsync_file(self.path)
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Hdf5ShardReader:
+    """Read-only view of a finished shard. File locking is off: a finished store never changes,
+    and HDF5's locks fail on some network filesystems."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = h5py.File(path, "r", locking=False)
+        try:
+            self.meta: dict[str, Any] = json.loads(self._file.attrs["packer"])
+        except (KeyError, ValueError) as e:
+            self._file.close()
+            raise ValueError(f"{path}: not a packer shard (no valid 'packer' attribute)") from e
+        self._len = int(self.meta["num_records"])
+        self._raw = "images" in self._file
+        self._format_names: list[str] = json.loads(self._file["formats"].attrs["format_names"])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read_block(self, start: int, stop: int) -> Block:
+        if not 0 <= start <= stop <= self._len:
+            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        f = self._file
+        data: list[bytes | memoryview] | np.ndarray
+        if self._raw:
+            data = f["images"][start:stop]
+        else:
+            offsets = f["offsets"][start : stop + 1].astype(np.int64)
+            payload = memoryview(f["data"][offsets[0] : offsets[-1]])
+            bounds = (offsets - offsets[0]).tolist()
+            data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        names = self._format_names
+        return Block(
+            data=data,
+            labels=f["labels"][start:stop],
+            paths=list(f["paths"].asstr()[start:stop]),
+            crc32=f["crc32"][start:stop],
+            shapes=f["shapes"][start:stop],
+            formats=[names[i] for i in f["formats"][start:stop]],
+        )
+
+    def read_record(self, index: int) -> Record:
+        if not 0 <= index < self._len:
+            raise IndexError(f"record {index} out of range for {self._len} records")
+        return self.read_block(index, index + 1).record(0)
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,162 @@
+"""LMDB shards: one environment per file (``subdir=False``), one record per key.
+
+Keys are the record's index in the shard as 10 zero-padded digits, so cursor order is
+packed order and one cursor walk reads a range. The key ``__packer__`` (sorting after every
+digit key) holds the shard's own metadata. Values are laid out by ``packer.record``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgpack
+import numpy as np
+
+from packer.record import Block, Record, pack_value, unpack_value
+from packer.store.base import ShardMeta
+
+__all__ = ["LmdbShardWriter", "LmdbShardReader", "META_KEY", "record_key"]
+
+META_KEY = b"__packer__"
+_COMMIT_BYTES = 64 << 20  # one write transaction per ~64 MB: few commits, bounded memory
+_COMMIT_RECORDS = 8192
+
+
+def record_key(index: int) -> bytes:
+    return b"%010d" % index
+
+
+class LmdbShardWriter:
+    """Writes one LMDB shard. The map grows by itself: a batch that hits the map's end is
+    aborted, the map doubled, and the same batch replayed, so no MapFullError escapes and
+    no record is lost (py-lmdb docs, "Handling database growth")."""
+
+    def __init__(self, path: Path, meta: ShardMeta, map_size: int = 1 << 30) -> None:
+        self.path = path
+        self.meta = meta
+        # lock=False: the shard is private to this writer until the store is committed.
+        # sync off while writing, one forced sync in close(): a crash before close leaves an
+        # unfinished pack anyway (no manifest), so per-commit fsyncs would buy nothing.
+        self._env = lmdb.open(
+            str(path),
+            subdir=False,
+            map_size=map_size,
+            lock=False,
+            sync=False,
+            metasync=False,
+            writemap=False,  # with writemap a full disk is a SIGBUS, not an error
+            meminit=False,
+            max_dbs=0,
+        )
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._count = 0
+        self.map_growths = 0
+
+    def append(self, record: Record) -> None:
+        value = pack_value(record)
+        self._pending.append((record_key(self._count), value))
+        self._pending_bytes += len(value)
+        self._count += 1
+        if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
+            self._commit()
+
+    def _commit(self) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    cursor = txn.cursor()
+                    for key, value in self._pending:
+                        cursor.put(key, value, append=True)  # keys arrive sorted: pages fill 100%
+                break
+            except lmdb.MapFullError:
+                # The aborted transaction wrote nothing; grow and replay the same batch.
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                self.map_growths += 1
+        self._pending.clear()
+        self._pending_bytes = 0
+
+    def close(self) -> None:
+        meta = {
+            "index": self.meta.index,
+            "num_records": self._count,
+            "num_label_columns": self.meta.num_label_columns,
+            "raw_shape": self.meta.raw_shape,
+            **self.meta.extra,
+        }
+        self._pending.append((META_KEY, msgpack.packb(meta)))
+        self._commit()
+        self._env.sync(True)
+        self._env.close()
+
+    def abort(self) -> None:
+        self._env.close()
+
+
+class LmdbShardReader:
+    """Read-only, lock-free view of a finished shard (safe: finished stores never change)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pid = os.getpid()
+        self._env = lmdb.open(
+            str(path),
+            subdir=False,
+            readonly=True,
+            lock=False,
+            max_spare_txns=0,  # cached read txns must not outlive a fork (py-lmdb docs)
+            max_dbs=0,
+        )
+        with self._env.begin() as txn:
+            raw = txn.get(META_KEY)
+        if raw is None:
+            raise ValueError(f"{path}: not a packer shard (no {META_KEY.decode()} key)")
+        self.meta: dict[str, Any] = msgpack.unpackb(raw)
+        self._len = int(self.meta["num_records"])
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read_block(self, start: int, stop: int) -> Block:
+        if not 0 <= start <= stop <= self._len:
+            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        records = []
+        with self._env.begin() as txn:
+            cursor = txn.cursor()
+            if stop > start and not cursor.set_key(record_key(start)):
+                raise ValueError(f"{self.path}: record {start} is missing")
+            for expected in range(start, stop):
+                key, value = cursor.item()
+                if key != record_key(expected):
+                    raise ValueError(f"{self.path}: record {expected} is missing (found {key!r})")
+                records.append(unpack_value(value))
+                cursor.next()
+        return _to_block(records, self.meta.get("num_label_columns", 0))
+
+    def read_record(self, index: int) -> Record:
+        if not 0 <= index < self._len:
+            raise IndexError(f"record {index} out of range for {self._len} records")
+        with self._env.begin() as txn:
+            value = txn.get(record_key(index))
+        if value is None:
+            raise ValueError(f"{self.path}: record {index} is missing")
+        return unpack_value(value)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def _to_block(records: list[Record], num_label_columns: int) -> Block:
+    n = len(records)
+    labels = np.array([r.labels for r in records], dtype=np.int64).reshape(n, num_label_columns)
+    return Block(
+        data=[r.data for r in records],
+        labels=labels,
+        paths=[r.path for r in records],
+        crc32=np.fromiter((r.crc32 for r in records), dtype=np.uint32, count=n),
+        shapes=np.array([r.shape for r in records], dtype=np.int32).reshape(n, 3),
+        formats=[r.format for r in records],
+    )
