@@ -8,7 +8,8 @@ import queue
 import threading
 import time
 import weakref
-from typing import Callable, Dict, Generic, Iterator, Optional, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 __all__ = ["Prefetcher"]
 
@@ -38,9 +39,9 @@ class _Shared:
     __slots__ = ("queue", "stop", "thread", "produce_s")
 
     def __init__(self, depth: int) -> None:
-        self.queue: "queue.Queue[object]" = queue.Queue(maxsize=depth)
+        self.queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
-        self.thread: Optional[threading.Thread] = None
+        self.thread: threading.Thread | None = None
         self.produce_s = 0.0  # written by the producer only
 
 
@@ -57,7 +58,7 @@ def _put(shared: _Shared, msg: object) -> bool:
 
 def _produce(source: Callable[[], Iterator[T]], shared: _Shared) -> None:
     """Producer thread body: runs ``source()`` here so its handles belong to this thread."""
-    it: Optional[Iterator[T]] = None
+    it: Iterator[T] | None = None
     try:
         it = iter(source())
         while not shared.stop.is_set():
@@ -83,7 +84,7 @@ def _produce(source: Callable[[], Iterator[T]], shared: _Shared) -> None:
                 logger.warning("closing the prefetch source failed", exc_info=True)
 
 
-def _drain(q: "queue.Queue[object]") -> None:
+def _drain(q: queue.Queue[object]) -> None:
     try:
         while True:
             q.get_nowait()
@@ -116,8 +117,12 @@ def _shutdown(shared: _Shared) -> None:
     if thread is not None and thread is not threading.current_thread():
         thread.join(_JOIN_TIMEOUT_S)
         if thread.is_alive():
-            logger.warning("prefetch thread %r did not stop within %.1f s; it exits when "
-                           "the source's current next() returns", thread.name, _JOIN_TIMEOUT_S)
+            logger.warning(
+                "prefetch thread %r did not stop within %.1f s; it exits when "
+                "the source's current next() returns",
+                thread.name,
+                _JOIN_TIMEOUT_S,
+            )
     _drain(shared.queue)  # drop items put after the first drain (release memory)
 
 
@@ -152,6 +157,8 @@ class Prefetcher(Generic[T]):
 
     Raises:
         ValueError: If ``depth`` < 1.
+        RuntimeError: From ``__next__`` if the producer thread is gone without having
+            sent the end or an exception (e.g. in a child forked after iteration began).
     """
 
     def __init__(
@@ -170,7 +177,7 @@ class Prefetcher(Generic[T]):
         self._finalizer = weakref.finalize(self, _shutdown, self._shared)
         self._finalizer.atexit = False  # never join at interpreter exit
 
-    def __iter__(self) -> "Prefetcher[T]":
+    def __iter__(self) -> Prefetcher[T]:
         return self
 
     def __next__(self) -> T:
@@ -210,13 +217,13 @@ class Prefetcher(Generic[T]):
         self._done = True
         self._finalizer()  # weakref.finalize runs its callback at most once
 
-    def __enter__(self) -> "Prefetcher[T]":
+    def __enter__(self) -> Prefetcher[T]:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def stats(self) -> Dict[str, float]:
+    def stats(self) -> dict[str, float]:
         """Returns live statistics (cheap; safe to call at any time).
 
         Returns:

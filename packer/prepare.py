@@ -7,6 +7,7 @@ the file (its shape, format, checksum), so the big bytes are not pickled across 
 
 from __future__ import annotations
 
+import os
 import signal
 import warnings
 from dataclasses import dataclass
@@ -43,10 +44,15 @@ def init_worker(options: PackOptions) -> None:
     global _options
     _options = options
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Decoders of broken files chatter: Python warnings, and libtiff writing straight to
+    # fd 2. Every failure is reported through the result, so the noise only hides progress.
+    warnings.simplefilter("ignore")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
     # Our own check in imaging refuses images over max_pixels before any decode; raise
     # Pillow's limit to match, so its own 2x error does not fire first with another message.
     Image.MAX_IMAGE_PIXELS = options.max_pixels
-    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
 
 def prepare_files(paths: list[str]) -> list[Prepared | Rejected]:

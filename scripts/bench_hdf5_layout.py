@@ -1,29 +1,30 @@
 #!/usr/bin/env python3
 """Benchmark HDF5 layouts for variable-length encoded image records.
 
-Compares, for incompressible records (random bytes, sizes lognormal with
-median ~110 KB, clipped to 5 KB..1 MB, like JPEGs):
+Records are incompressible (random bytes, like JPEG) with sizes drawn from a
+lognormal (median ~110 KB, sigma 0.7, clipped to 5 KB..1 MB).  Layouts:
 
-  (a) vlen   -- one ``h5py.vlen_dtype(np.uint8)`` dataset, one element per record;
-                a chunk read is ``ds[start:stop]``.
-  (b) flat   -- one 1-D uint8 dataset with all records back to back plus an
-                ``offsets`` uint64 dataset of length N+1; a chunk read is one
-                ``offsets[start:stop+1]`` read, one contiguous ``data[o0:o1]``
-                slice, then zero-copy memoryview splitting.  Tried with several
-                HDF5 chunk sizes and as a contiguous (non-chunked) dataset.
+  (a) vlen  -- one ``h5py.vlen_dtype(np.uint8)`` dataset, one element per record;
+               a chunk read is ``ds[start:stop]``.
+  (b) flat  -- one 1-D uint8 dataset holding all records back to back, plus an
+               ``offsets`` uint64 dataset of length N+1; a chunk read is
+               ``offsets[start:stop+1]``, one ``data[o0:o1]`` slice, then
+               zero-copy memoryview splitting.  Tried with HDF5 chunk sizes
+               256 KiB..16 MiB and as a contiguous (non-chunked) dataset.
 
-For each layout it reports write throughput (records appended in ~4 MB batches,
-as a packer would), sequential chunk-read throughput (records/s, MB/s, ratio vs
-the reference flat layout) and file-size overhead vs the sum of record sizes.
-Every figure is the best of ``--repeat`` runs, and layouts are interleaved
-within each repeat so ratios are measured side by side.
+Reported per layout: write throughput (records appended in ~4 MB batches, as a
+packer would), sequential chunk-read throughput (``--chunk-size`` consecutive
+records per call) as records/s, MB/s and speed ratio vs the reference layout
+(flat, 4 MiB chunks), and file-size overhead vs the sum of record sizes.
+Each figure is the best of ``--repeat`` runs; layouts are interleaved within
+each repeat so the ratios are measured side by side.
 
-NOTE: reads are warm -- the files were just written and sit in the page cache
-(dropping caches needs root), so this measures HDF5/h5py overhead, not disk.
-Writes also land in the page cache (no fsync); they are noisy on a shared box.
+NOTE: reads are WARM -- the files were just written and sit in the page cache
+(dropping caches needs root), so reads measure HDF5/h5py overhead, not disk.
+Writes land in the page cache too (no fsync) and are noisy on a shared box.
 Files are opened with h5py's default 1 MiB chunk cache (rdcc_nbytes).
 
-Run:
+Run (1 MB = 10**6 bytes):
     python scripts/bench_hdf5_layout.py                      # ~1 GB, table
     python scripts/bench_hdf5_layout.py --total-mb 50 --repeat 1 --json
 """
@@ -36,14 +37,18 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
+
 import h5py
 import numpy as np
 
 KIB = 1024
 MB = 1_000_000
-WRITE_BUFFER = 4 * MB  # flush pending records once this many bytes are buffered
-VLEN_CHUNK_ELEMS = 1024  # HDF5 chunk (in elements) of the vlen dataset
-REFERENCE = "flat-1MiB"
+WRITE_BUFFER = 4 * MB  # a packer flushes pending records once this many bytes are buffered
+VLEN_CHUNK_ELEMS = 1024  # HDF5 chunk of the vlen dataset, in elements (16 B each)
+REFERENCE = "flat-4MiB"  # proposed packer default; ratios are relative to it
+
+Reader = Callable[[h5py.File, int, int], list[memoryview]]
 
 
 @dataclass(frozen=True)
@@ -56,8 +61,8 @@ class Layout:
 LAYOUTS = [
     Layout("vlen", "vlen"),
     Layout("flat-256KiB", "flat", 256 * KIB),
-    Layout(REFERENCE, "flat", 1024 * KIB),
-    Layout("flat-4MiB", "flat", 4096 * KIB),
+    Layout("flat-1MiB", "flat", 1024 * KIB),
+    Layout(REFERENCE, "flat", 4096 * KIB),
     Layout("flat-16MiB", "flat", 16384 * KIB),
     Layout("flat-contig", "flat", None),
 ]
@@ -70,18 +75,18 @@ def make_payload(total_bytes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarra
     while sum(sizes) < total_bytes:
         draw = rng.lognormal(np.log(110_000), 0.7, size=1024)
         sizes.extend(np.clip(draw, 5_000, 1_000_000).astype(np.int64).tolist())
-    sizes_arr = np.array(sizes, dtype=np.uint64)
-    n = int(np.searchsorted(np.cumsum(sizes_arr), total_bytes)) + 1
-    offsets = np.concatenate([[0], np.cumsum(sizes_arr[:n])]).astype(np.uint64)
+    ends = np.cumsum(np.array(sizes, dtype=np.uint64))
+    n = int(np.searchsorted(ends, total_bytes)) + 1
+    offsets = np.concatenate([[0], ends[:n]]).astype(np.uint64)
     pool = np.frombuffer(rng.bytes(int(offsets[-1])), dtype=np.uint8)
     return pool, offsets
 
 
-def iter_batches(offsets: np.ndarray) -> list[tuple[int, int]]:
+def write_batches(offsets: np.ndarray) -> list[tuple[int, int]]:
     """Split records into [start, stop) batches of about WRITE_BUFFER bytes."""
-    batches, start = [], 0
-    for i in range(1, len(offsets)):
-        if offsets[i] - offsets[start] >= WRITE_BUFFER or i == len(offsets) - 1:
+    batches, start, n = [], 0, len(offsets) - 1
+    for i in range(1, n + 1):
+        if offsets[i] - offsets[start] >= WRITE_BUFFER or i == n:
             batches.append((start, i))
             start = i
     return batches
@@ -91,23 +96,27 @@ def write_vlen(path: str, pool: np.ndarray, offsets: np.ndarray) -> None:
     with h5py.File(path, "w") as f:
         ds = f.create_dataset("data", shape=(0,), maxshape=(None,),
                               dtype=h5py.vlen_dtype(np.uint8), chunks=(VLEN_CHUNK_ELEMS,))
-        for start, stop in iter_batches(offsets):
+        for start, stop in write_batches(offsets):
             batch = np.empty(stop - start, dtype=object)
             batch[:] = [pool[offsets[i]:offsets[i + 1]] for i in range(start, stop)]
             ds.resize((stop,))
             ds[start:stop] = batch
 
 
-def write_flat(path: str, pool: np.ndarray, offsets: np.ndarray, chunk_bytes: int | None) -> None:
-    total = int(offsets[-1])
+def write_flat(path: str, pool: np.ndarray, offsets: np.ndarray, fill_time: str,
+               chunk_bytes: int | None) -> None:
     with h5py.File(path, "w") as f:
+        # fill_time="never" (our default): every byte gets written anyway.  With h5py's
+        # default ("ifset"), a chunk bigger than the 1 MiB chunk cache that is first hit by
+        # a partial write gets zero-filled on disk first, roughly halving write speed.
         if chunk_bytes is None:  # contiguous: needs the total size upfront
-            ds = f.create_dataset("data", shape=(total,), dtype=np.uint8)
+            ds = f.create_dataset("data", shape=(int(offsets[-1]),), dtype=np.uint8,
+                                  fill_time=fill_time)
         else:
-            ds = f.create_dataset("data", shape=(0,), maxshape=(None,),
-                                  dtype=np.uint8, chunks=(chunk_bytes,))
-        for start, stop in iter_batches(offsets):
-            # A packer gets one bytes object per file: concatenate them into one buffer.
+            ds = f.create_dataset("data", shape=(0,), maxshape=(None,), dtype=np.uint8,
+                                  chunks=(chunk_bytes,), fill_time=fill_time)
+        for start, stop in write_batches(offsets):
+            # A packer holds one bytes object per image: join them into one buffer.
             buf = np.concatenate([pool[offsets[i]:offsets[i + 1]] for i in range(start, stop)])
             lo, hi = int(offsets[start]), int(offsets[stop])
             if chunk_bytes is not None:
@@ -122,112 +131,119 @@ def read_vlen(f: h5py.File, start: int, stop: int) -> list[memoryview]:
 
 def read_flat(f: h5py.File, start: int, stop: int) -> list[memoryview]:
     offs = f["offsets"][start:stop + 1]
-    base = int(offs[0])
-    view = memoryview(f["data"][base:int(offs[-1])])
+    view = memoryview(f["data"][int(offs[0]):int(offs[-1])])
     rel = (offs - offs[0]).tolist()
     return [view[a:b] for a, b in zip(rel[:-1], rel[1:])]
 
 
-def write_layout(layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray) -> float:
+def reader(layout: Layout) -> Reader:
+    return read_vlen if layout.kind == "vlen" else read_flat
+
+
+def time_write(layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray,
+               fill_time: str) -> float:
     """Write the whole file once; return elapsed seconds (including close)."""
     if os.path.exists(path):
         os.remove(path)
-    os.sync()  # untimed: don't pay for the previous file's writeback (writes land in page cache)
+    os.sync()  # untimed: don't pay for the writeback of the previous file
     t0 = time.perf_counter()
     if layout.kind == "vlen":
         write_vlen(path, pool, offsets)
     else:
-        write_flat(path, pool, offsets, layout.chunk_bytes)
+        write_flat(path, pool, offsets, fill_time, layout.chunk_bytes)
     return time.perf_counter() - t0
 
 
-def read_all(layout: Layout, path: str, n: int, chunk_size: int) -> float:
-    """Read every record sequentially in chunks; return elapsed seconds."""
-    read = read_vlen if layout.kind == "vlen" else read_flat
+def time_read(layout: Layout, path: str, n: int, chunk_size: int) -> float:
+    """Read all records sequentially, chunk_size per call; return elapsed seconds."""
+    read = reader(layout)
     t0 = time.perf_counter()
     with h5py.File(path, "r") as f:
         for start in range(0, n, chunk_size):
-            recs = read(f, start, min(start + chunk_size, n))
-            del recs
+            read(f, start, min(start + chunk_size, n))
     return time.perf_counter() - t0
 
 
-def verify(layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray, chunk_size: int) -> None:
-    """Check the first and last chunk round-trip byte for byte."""
+def verify(layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray,
+           chunk_size: int) -> None:
+    """Check that the first and last chunk round-trip byte for byte."""
     n = len(offsets) - 1
-    read = read_vlen if layout.kind == "vlen" else read_flat
     with h5py.File(path, "r") as f:
         for start in (0, max(0, n - chunk_size)):
             stop = min(start + chunk_size, n)
-            for i, rec in zip(range(start, stop), read(f, start, stop)):
+            for i, rec in zip(range(start, stop), reader(layout)(f, start, stop)):
                 assert rec == memoryview(pool[offsets[i]:offsets[i + 1]]), (layout.name, i)
 
 
-def run(total_mb: float, chunk_size: int, repeat: int, tmpdir: str | None) -> dict:
-    pool, offsets = make_payload(int(total_mb * MB))
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    pool, offsets = make_payload(int(args.total_mb * MB))
     n, total = len(offsets) - 1, int(offsets[-1])
-    sizes = np.diff(offsets)
     writes: dict[str, list[float]] = {lay.name: [] for lay in LAYOUTS}
     reads: dict[str, list[float]] = {lay.name: [] for lay in LAYOUTS}
-    with tempfile.TemporaryDirectory(dir=tmpdir) as tmp:
+    with tempfile.TemporaryDirectory(dir=args.tmpdir) as tmp:
         paths = {lay.name: os.path.join(tmp, f"{lay.name}.h5") for lay in LAYOUTS}
-        for _ in range(repeat):  # interleave layouts within each repeat
+        for _ in range(args.repeat):  # interleave layouts within each repeat
             for lay in LAYOUTS:
-                writes[lay.name].append(write_layout(lay, paths[lay.name], pool, offsets))
+                t = time_write(lay, paths[lay.name], pool, offsets, args.fill_time)
+                writes[lay.name].append(t)
         for lay in LAYOUTS:
-            verify(lay, paths[lay.name], pool, offsets, chunk_size)
-        for _ in range(repeat):
+            verify(lay, paths[lay.name], pool, offsets, args.chunk_size)
+        for _ in range(args.repeat):
             for lay in LAYOUTS:
-                reads[lay.name].append(read_all(lay, paths[lay.name], n, chunk_size))
-        file_sizes = {name: os.path.getsize(p) for name, p in paths.items()}
-    ref_read = min(reads[REFERENCE])
+                reads[lay.name].append(time_read(lay, paths[lay.name], n, args.chunk_size))
+        file_bytes = {name: os.path.getsize(p) for name, p in paths.items()}
+    ref_w, ref_r = min(writes[REFERENCE]), min(reads[REFERENCE])
     results = []
     for lay in LAYOUTS:
         w, r = min(writes[lay.name]), min(reads[lay.name])
         results.append({
-            "layout": lay.name,
-            "hdf5_chunk_bytes": lay.chunk_bytes,
+            "layout": lay.name, "hdf5_chunk_bytes": lay.chunk_bytes,
             "write_s": w, "write_mb_s": total / MB / w, "write_rec_s": n / w,
+            "write_vs_ref": ref_w / w,
             "read_s": r, "read_mb_s": total / MB / r, "read_rec_s": n / r,
-            "read_speed_vs_ref": ref_read / r,
-            "file_bytes": file_sizes[lay.name],
-            "overhead_pct": 100 * (file_sizes[lay.name] / total - 1),
+            "read_vs_ref": ref_r / r,
+            "file_bytes": file_bytes[lay.name],
+            "overhead_pct": 100 * (file_bytes[lay.name] / total - 1),
         })
+    sizes = np.diff(offsets)
     return {
-        "records": n, "payload_bytes": total, "chunk_size": chunk_size, "repeat": repeat,
-        "record_size_median": float(np.median(sizes)), "record_size_mean": float(sizes.mean()),
-        "record_size_p5_p95": [float(np.percentile(sizes, 5)), float(np.percentile(sizes, 95))],
-        "reference": REFERENCE, "warm_page_cache": True,
+        "records": n, "payload_bytes": total, "chunk_size": args.chunk_size,
+        "repeat": args.repeat, "flat_fill_time": args.fill_time, "reference": REFERENCE,
+        "record_bytes_median": float(np.median(sizes)),
+        "record_bytes_p5_p95": [float(np.percentile(sizes, q)) for q in (5, 95)],
+        "reads_warm_page_cache": True,
         "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version, "results": results,
     }
 
 
-def print_table(report: dict) -> None:
-    p5, p95 = report["record_size_p5_p95"]
-    print(f"{report['records']} records, {report['payload_bytes'] / MB:.0f} MB payload, "
-          f"size median {report['record_size_median'] / 1e3:.0f} KB, p5..p95 "
-          f"{p5 / 1e3:.0f}..{p95 / 1e3:.0f} KB; chunk_size={report['chunk_size']}, "
-          f"best of {report['repeat']}; h5py {report['h5py']} / HDF5 {report['hdf5']}")
-    print("Reads are WARM (page cache): this measures HDF5/h5py overhead, not disk I/O.\n")
-    header = (f"{'layout':<13}{'write MB/s':>11}{'write rec/s':>12}{'read MB/s':>11}"
-              f"{'read rec/s':>12}{'read vs ' + report['reference']:>19}{'overhead':>10}")
-    print(header)
-    print("-" * len(header))
-    for r in report["results"]:
-        print(f"{r['layout']:<13}{r['write_mb_s']:>11.0f}{r['write_rec_s']:>12.0f}"
-              f"{r['read_mb_s']:>11.0f}{r['read_rec_s']:>12.0f}"
-              f"{r['read_speed_vs_ref']:>18.2f}x{r['overhead_pct']:>9.2f}%")
+def print_table(rep: dict[str, Any]) -> None:
+    p5, p95 = (x / 1e3 for x in rep["record_bytes_p5_p95"])
+    print(f"{rep['records']} records, {rep['payload_bytes'] / MB:.0f} MB; record size "
+          f"median {rep['record_bytes_median'] / 1e3:.0f} KB, p5..p95 {p5:.0f}..{p95:.0f} KB")
+    print(f"chunk_size={rep['chunk_size']} records/read, best of {rep['repeat']}, "
+          f"flat fill_time={rep['flat_fill_time']}, h5py {rep['h5py']}, HDF5 {rep['hdf5']}")
+    print("Reads are WARM (page cache): they measure HDF5/h5py overhead, not disk I/O.\n")
+    header = (f"{'layout':<12}{'write MB/s':>11}{'rec/s':>7}{'vs ref':>8}"
+              f"{'read MB/s':>11}{'rec/s':>7}{'vs ref':>8}{'overhead':>10}")
+    print(header + "\n" + "-" * len(header))
+    for r in rep["results"]:
+        print(f"{r['layout']:<12}{r['write_mb_s']:>11.0f}{r['write_rec_s']:>7.0f}"
+              f"{r['write_vs_ref']:>7.2f}x{r['read_mb_s']:>11.0f}{r['read_rec_s']:>7.0f}"
+              f"{r['read_vs_ref']:>7.2f}x{r['overhead_pct']:>9.2f}%")
+    print(f"(vs ref = speed relative to {rep['reference']}; >1 is faster)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--total-mb", type=float, default=1000, help="payload size in MB")
-    parser.add_argument("--chunk-size", type=int, default=1024, help="records per chunk read")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (best kept)")
-    parser.add_argument("--json", action="store_true", help="print a JSON object instead")
-    parser.add_argument("--tmpdir", default=None, help="where to write the test files")
+    parser.add_argument("--chunk-size", type=int, default=1024, help="records per read call")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best kept)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--tmpdir", default=None, help="directory for the test files")
+    parser.add_argument("--fill-time", default="never", choices=["never", "ifset", "alloc"],
+                        help="HDF5 fill time of flat datasets (h5py's default is ifset)")
     args = parser.parse_args()
-    report = run(args.total_mb, args.chunk_size, args.repeat, args.tmpdir)
+    report = run(args)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -13,8 +13,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, List
 
 import pytest
 
@@ -86,7 +86,7 @@ def test_depth_validated(bad: int) -> None:
 @pytest.mark.parametrize("depth", [1, 3])
 def test_producer_runs_at_most_depth_plus_one_ahead(depth: int, baseline: int) -> None:
     requested = 0
-    ahead: List[int] = []
+    ahead: list[int] = []
 
     def source() -> Iterator[int]:
         for i in range(30):
@@ -124,7 +124,7 @@ def test_exception_in_source_call(baseline: int) -> None:
 
 
 def test_exception_mid_iteration_is_same_object(baseline: int) -> None:
-    raised: List[BaseException] = []
+    raised: list[BaseException] = []
 
     def _bad_gen() -> Iterator[int]:
         yield 0
@@ -146,7 +146,7 @@ def test_exception_mid_iteration_is_same_object(baseline: int) -> None:
 
 def test_lazy_start_in_named_thread(baseline: int) -> None:
     name = _name()
-    called_in: List[str] = []
+    called_in: list[str] = []
 
     def source() -> Iterator[int]:
         called_in.append(threading.current_thread().name)
@@ -177,10 +177,12 @@ def test_break_then_close(baseline: int) -> None:
 
 def test_with_block_exited_by_exception(baseline: int) -> None:
     name = _name()
-    with pytest.raises(RuntimeError, match="step failed"):
-        with Prefetcher(lambda: itertools.count(), name=name) as pf:
-            next(pf)
-            raise RuntimeError("step failed")
+    with (
+        pytest.raises(RuntimeError, match="step failed"),
+        Prefetcher(lambda: itertools.count(), name=name) as pf,
+    ):
+        next(pf)
+        raise RuntimeError("step failed")
     assert not _alive(name)
 
 
@@ -203,9 +205,14 @@ def test_close_twice_and_close_before_iteration(baseline: int) -> None:
     pf.close()
     assert not _alive(name)
 
-    called: List[bool] = []
+    called: list[bool] = []
     name2 = _name()
-    pf2 = Prefetcher(lambda: called.append(True) or iter([1]), name=name2)
+
+    def source() -> Iterator[int]:
+        called.append(True)
+        return iter([1])
+
+    pf2 = Prefetcher(source, name=name2)
     pf2.close()
     with pytest.raises(StopIteration):
         next(pf2)
@@ -214,8 +221,8 @@ def test_close_twice_and_close_before_iteration(baseline: int) -> None:
 
 def test_close_runs_generator_finally(baseline: int) -> None:
     finalized = threading.Event()
-    closed_in: List[str] = []
-    gens: List[Iterator[int]] = []  # keeps the generator alive: only close() can finish it
+    closed_in: list[str] = []
+    gens: list[Iterator[int]] = []  # keeps the generator alive: only close() can finish it
     name = _name()
 
     def gen() -> Iterator[int]:
@@ -351,7 +358,8 @@ def test_dead_producer_detected_after_fork(baseline: int) -> None:
 
 
 @pytest.mark.skipif(
-    not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread(),
+    not sys.platform.startswith("linux")
+    or threading.current_thread() is not threading.main_thread(),
     reason="needs POSIX interval timers delivered to the main thread",
 )
 def test_keyboard_interrupt_while_waiting(baseline: int) -> None:

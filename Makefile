@@ -1,0 +1,48 @@
+# Every target installs what it needs into .venv first; a fresh clone needs only Python 3.10+ and pip.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# torch is an optional extra; the tests use it (DataLoader workers), so `make test` installs
+# the CPU build. 2.13.0 is pinned because this project's machines carry that wheel.
+TORCH ?= torch==2.13.0
+
+.PHONY: install install-torch demo test test-slow lint fmt bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+install-torch: install
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
+
+demo: install
+	rm -rf demo
+	$(BIN)/python scripts/make_demo_data.py demo/images --csv demo/labels.csv
+	$(BIN)/packer pack demo/images demo/demo.lmdb --seed 0
+	$(BIN)/packer pack demo/images demo/demo.h5 --labels demo/labels.csv --seed 0
+	$(BIN)/packer inspect demo/demo.lmdb
+	$(BIN)/packer inspect demo/demo.h5
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+lint: install
+	$(BIN)/ruff check packer tests scripts
+	$(BIN)/mypy packer
+
+fmt: install
+	$(BIN)/ruff check --fix packer tests scripts
+	$(BIN)/ruff format packer tests scripts
+
+bench: install
+	$(BIN)/python scripts/bench_pack.py
+
+clean:
+	rm -rf $(VENV) demo build *.egg-info .pytest_cache .mypy_cache .ruff_cache

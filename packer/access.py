@@ -1,0 +1,127 @@
+"""Random access to a finished store: ``len(store)``, ``store[i]``, and a record's raw fields.
+
+Shard files are opened lazily, in the process that reads, and reopened after a fork
+(an LMDB or HDF5 handle must never cross one), so a Store can be handed to worker processes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from packer import imaging
+from packer.errors import CorruptRecordError, StoreError
+from packer.manifest import Manifest, read_manifest
+from packer.record import Record, checksum
+from packer.store import ShardReader, open_shard_reader
+
+__all__ = ["Store", "open_store", "record_pixels"]
+
+
+def open_store(path: Path | str) -> Store:
+    """Open a finished store for random access. Example: ``image, labels = open_store(p)[0]``."""
+    return Store(path)
+
+
+class Store:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.manifest: Manifest = read_manifest(self.path)
+        self._starts = self.manifest.shard_starts()
+        self._readers: dict[int, ShardReader] = {}
+        self._pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self.manifest.num_records
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Global record index -> (shard number, index inside that shard)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} out of range for a store of {len(self)} records")
+        shard = bisect.bisect_right(self._starts, index) - 1
+        while self.manifest.shards[shard].num_records == 0:  # skip empty shards
+            shard += 1
+        return shard, index - self._starts[shard]
+
+    def shard(self, number: int) -> ShardReader:
+        """The reader of one shard, opened on first use in this process."""
+        if os.getpid() != self._pid:  # forked: the parent's handles are not ours to use
+            self._readers = {}
+            self._pid = os.getpid()
+        reader = self._readers.get(number)
+        if reader is None:
+            info = self.manifest.shards[number]
+            try:
+                reader = open_shard_reader(self.manifest.backend, self.path / info.file)
+            except Exception as e:
+                raise StoreError(f"{self.path}: cannot open {info.file}: {e}") from e
+            if len(reader) != info.num_records:
+                reader.close()
+                raise StoreError(
+                    f"{self.path}: {info.file} holds {len(reader)} records, "
+                    f"the manifest says {info.num_records}"
+                )
+            self._readers[number] = reader
+        return reader
+
+    def record(self, index: int, verify: bool = True) -> Record:
+        """The stored record: payload bytes, labels, original path, checksum, shape, format."""
+        shard, offset = self.locate(index)
+        record = self.shard(shard).read_record(offset)
+        if verify and checksum(record.data) != record.crc32:
+            raise CorruptRecordError(str(self.path), self.manifest.shards[shard].file, index,
+                                     record.path, "checksum mismatch")
+        return record
+
+    def records(self) -> Iterator[Record]:
+        """Every record in store order, read shard by shard in sequential blocks."""
+        for number, info in enumerate(self.manifest.shards):
+            reader = self.shard(number)
+            for start in range(0, info.num_records, 1024):
+                block = reader.read_block(start, min(start + 1024, info.num_records))
+                for i in range(len(block)):
+                    yield block.record(i)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(height x width x channels uint8 image, labels) of record ``index``, decoded."""
+        record = self.record(index)
+        try:
+            pixels = record_pixels(record, self.manifest.storage.mode)
+        except Exception as e:
+            shard, _ = self.locate(index)
+            raise CorruptRecordError(str(self.path), self.manifest.shards[shard].file, index,
+                                     record.path, f"does not decode: {e}") from e
+        return pixels, np.array(record.labels, dtype=np.int64)
+
+    def close(self) -> None:
+        if os.getpid() == self._pid:
+            for reader in self._readers.values():
+                reader.close()
+        self._readers = {}
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, object]:
+        # Pickles as its path: handles are reopened on the other side.
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+
+def record_pixels(record: Record, mode: str = "RGB") -> np.ndarray:
+    """A record's image as height x width x channels uint8, upright."""
+    if record.format == "raw":
+        return np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
+    im, _ = imaging.decode(bytes(record.data), mode)
+    return imaging.to_array(im)

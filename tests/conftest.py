@@ -1,0 +1,60 @@
+"""Shared fixtures: small real image folders made with Pillow, and the backend parameter."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def image_bytes(size: tuple[int, int] = (32, 24), fmt: str = "JPEG", seed: int = 0,
+                mode: str = "RGB", **save: object) -> bytes:
+    """Real encoded image bytes: (width, height) of seeded noise in ``mode``."""
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}[mode]
+    pixels = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
+    im = Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
+    out = io.BytesIO()
+    im.save(out, fmt, **save)
+    return out.getvalue()
+
+
+def write_image(path: Path, **kwargs: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".webp": "WEBP", ".bmp": "BMP"}[path.suffix]
+    path.write_bytes(image_bytes(fmt=str(kwargs.pop("fmt", fmt)), **kwargs))  # type: ignore[arg-type]
+    return path
+
+
+@pytest.fixture
+def image_dir(tmp_path: Path) -> Path:
+    """3 classes x 7 images, JPEG and PNG, sizes 16..40 px: 21 files, each different."""
+    root = tmp_path / "images"
+    n = 0
+    for label in ("cat", "dog", "eel"):
+        for i in range(7):
+            ext = ".png" if i % 3 == 0 else ".jpg"
+            write_image(root / label / f"{label}_{i}{ext}", size=(16 + 3 * i, 40 - 2 * i), seed=n)
+            n += 1
+    return root
+
+
+@pytest.fixture(params=["lmdb", "hdf5"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def store_path(tmp_path: Path, backend: str, name: str = "out") -> Path:
+    return tmp_path / (name + (".lmdb" if backend == "lmdb" else ".h5"))
+
+
+def corpus_dir() -> Path:
+    corpus = SHARED / "corpus" / "pillow-odd"
+    if not corpus.is_dir():
+        pytest.skip(f"shared corpus not found at {corpus} (it ships beside the project, not with it)")
+    return corpus
