@@ -84,6 +84,8 @@ def load_source(
 
 
 def _from_folders(root: Path, found: list[FoundFile], skipped: list[Skipped]) -> Source:
+    if not found:
+        raise EmptySourceError(f"{root}: no files to pack (hidden files are ignored)")
     in_class = [f for f in found if "/" in f.path]
     skipped += [Skipped(f.path, "not inside a class folder") for f in found if "/" not in f.path]
     if not in_class:

@@ -48,7 +48,7 @@ class LmdbShardWriter:
             sync=False,
             metasync=False,
             writemap=False,  # with writemap a full disk is a SIGBUS, not an error
-            meminit=False,
+            meminit=True,  # zero unused page space: same inputs give byte-identical files
             max_dbs=0,
         )
         self._pending: list[tuple[bytes, bytes]] = []

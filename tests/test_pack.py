@@ -1,0 +1,211 @@
+"""`pack` end to end, on both backends: nothing lost, nothing doubled, order as promised."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageOps
+
+from conftest import store_path, write_image
+from packer import PackOptions, pack, read_manifest
+from packer.access import open_store
+from packer.errors import PackerError, StoreError, StoreExistsError
+from packer.source import load_source
+
+
+def _sha(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _options(backend: str, **kwargs: object) -> PackOptions:
+    kwargs.setdefault("seed", 1)
+    kwargs.setdefault("workers", 2)
+    return PackOptions(backend=backend, **kwargs)  # type: ignore[arg-type]
+
+
+def test_round_trip_every_image_exactly_once_bytes_identical(image_dir: Path, tmp_path: Path, backend: str) -> None:
+    out = store_path(tmp_path, backend)
+    result = pack(image_dir, out, _options(backend))
+    sources = {p.relative_to(image_dir).as_posix(): p.read_bytes() for p in image_dir.rglob("*.*")}
+    with open_store(out) as store:
+        records = list(store.records())
+        assert len(store) == len(records) == len(sources) == result.manifest.num_records
+        assert sorted(r.path for r in records) == sorted(sources)  # each exactly once
+        classes = result.manifest.label_columns[0]["classes"]
+        for r in records:
+            assert bytes(r.data) == sources[r.path]
+            assert classes[r.labels[0]] == r.path.split("/")[0]
+            with Image.open(image_dir / r.path) as im:
+                assert r.shape == (im.height, im.width, 3)
+                assert r.format == im.format
+    assert not out.with_name(out.name + ".partial").exists()
+    assert result.skipped == []
+
+
+def test_raw_pixels_equal_pillow_decode_with_exif(tmp_path: Path, backend: str) -> None:
+    root = tmp_path / "imgs"
+    write_image(root / "a" / "plain.png", size=(7, 5), seed=1)
+    pixels = np.random.default_rng(2).integers(0, 256, (4, 9, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    (root / "b").mkdir()
+    Image.fromarray(pixels).save(root / "b" / "turned.png", exif=exif)
+    out = store_path(tmp_path, backend)
+    pack(root, out, _options(backend, raw=True))
+    with open_store(out) as store:
+        by_path = {store.record(i).path: store[i][0] for i in range(len(store))}
+    for rel, image in by_path.items():
+        with Image.open(root / rel) as im:
+            expected = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+        assert np.array_equal(image, expected)
+    assert by_path["b/turned.png"].shape == (9, 4, 3)  # upright: width and height swapped
+
+
+def test_raw_fixed_size_in_hdf5_is_one_n_h_w_c_array(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "raw.h5"
+    result = pack(image_dir, out, _options("hdf5", raw=True, size=(12, 10), mode="L"))
+    assert result.manifest.storage.shape == [12, 10, 1]
+    import h5py
+
+    with h5py.File(out / "shard-00000.h5", "r") as f:
+        assert f["images"].shape == (21, 12, 10, 1) and f["images"].dtype == np.uint8
+    with open_store(out) as store:
+        assert all(store[i][0].shape == (12, 10, 1) for i in range(len(store)))
+
+
+@pytest.mark.parametrize("encode", ["jpeg", "png", "webp"])
+def test_reencode_with_max_side(image_dir: Path, tmp_path: Path, encode: str) -> None:
+    out = tmp_path / "small.lmdb"
+    result = pack(image_dir, out, _options("lmdb", encode=encode, max_side=20, quality=80))
+    assert result.manifest.storage.payload == "encoded"
+    assert result.manifest.storage.encoding == encode
+    with open_store(out) as store:
+        for i in range(len(store)):
+            record = store.record(i)
+            assert record.format == encode.upper()
+            image, _ = store[i]
+            assert max(image.shape[:2]) <= 20 and image.shape == record.shape
+            with Image.open(image_dir / record.path) as im:
+                if max(im.size) <= 20:  # never enlarged
+                    assert image.shape[:2] == (im.height, im.width)
+
+
+def test_fixed_size_crop(image_dir: Path, tmp_path: Path, backend: str) -> None:
+    out = store_path(tmp_path, backend)
+    pack(image_dir, out, _options(backend, size=(16, 24), fit="crop", encode="png"))
+    with open_store(out) as store:
+        assert {store[i][0].shape for i in range(len(store))} == {(16, 24, 3)}
+
+
+def test_order_is_a_seeded_permutation(image_dir: Path, tmp_path: Path, backend: str) -> None:
+    def order(name: str, **kwargs: object) -> list[str]:
+        out = store_path(tmp_path, backend, name)
+        pack(image_dir, out, _options(backend, **kwargs))
+        with open_store(out) as store:
+            return [r.path for r in store.records()]
+
+    first, again, other = order("a", seed=5), order("b", seed=5, workers=1), order("c", seed=6)
+    sorted_paths = [i.path for i in load_source(image_dir).items]
+    assert sorted(first) == sorted_paths and first != sorted_paths
+    assert first == again  # same inputs + seed -> same order, whatever the worker count
+    assert other != first
+    assert order("d", shuffle=False) == sorted_paths
+    shard_a = read_manifest(store_path(tmp_path, backend, "a")).shards
+    shard_b = read_manifest(store_path(tmp_path, backend, "b")).shards
+    assert [s.sha256 for s in shard_a] == [s.sha256 for s in shard_b]  # identical content
+
+
+def test_seed_is_recorded_when_not_given(image_dir: Path, tmp_path: Path) -> None:
+    first = pack(image_dir, tmp_path / "a.lmdb", PackOptions(workers=2))
+    again = pack(image_dir, tmp_path / "b.lmdb", PackOptions(workers=2, seed=first.manifest.seed))
+    assert isinstance(first.manifest.seed, int)
+    assert [s.sha256 for s in first.manifest.shards] == [s.sha256 for s in again.manifest.shards]
+
+
+@pytest.mark.parametrize("shards", [1, 3, 21, 50])
+def test_fixed_number_of_shards(image_dir: Path, tmp_path: Path, backend: str, shards: int) -> None:
+    out = store_path(tmp_path, backend)
+    manifest = pack(image_dir, out, _options(backend, shards=shards)).manifest
+    counts = [s.num_records for s in manifest.shards]
+    assert len(counts) == min(shards, 21) and sum(counts) == 21
+    assert max(counts) - min(counts) <= 1
+    _check_global_index(out)
+
+
+def test_shard_size_bounds_each_shard(image_dir: Path, tmp_path: Path, backend: str) -> None:
+    out = store_path(tmp_path, backend)
+    limit = 4000
+    manifest = pack(image_dir, out, _options(backend, shard_size=limit)).manifest
+    assert len(manifest.shards) > 2
+    for shard in manifest.shards:
+        assert shard.payload_bytes <= limit or shard.num_records == 1
+    _check_global_index(out)
+
+
+def _check_global_index(out: Path) -> None:
+    """Record i is at (shard, offset) and the shards front to back give the store order."""
+    with open_store(out) as store:
+        in_order = [r.path for r in store.records()]
+        for i in range(len(store)):
+            shard, offset = store.locate(i)
+            assert store.shard(shard).read_record(offset).path == in_order[i]
+            assert store.record(i).path == in_order[i]
+
+
+def test_manifest_records_how_the_store_was_made(image_dir: Path, tmp_path: Path, backend: str) -> None:
+    out = store_path(tmp_path, backend)
+    pack(image_dir, out, _options(backend, seed=42))
+    m = read_manifest(out)
+    assert (m.backend, m.num_records, m.seed, m.shuffled) == (backend, 21, 42, True)
+    assert m.label_source == "folders"
+    assert m.stats["label_counts"] == [{"0": 7, "1": 7, "2": 7}]
+    assert m.stats["formats"] == {"JPEG": 12, "PNG": 9}
+    assert m.options["check"] == "full" and m.options["seed"] == 42
+    for shard in m.shards:
+        data = (out / shard.file).read_bytes()
+        assert (len(data), _sha(data)) == (shard.bytes, shard.sha256)
+    assert sorted(os.listdir(out)) == ["manifest.json"] + [s.file for s in m.shards]
+
+
+def test_existing_output_is_refused_unless_overwrite(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.lmdb"
+    pack(image_dir, out, _options("lmdb", seed=1))
+    with pytest.raises(StoreExistsError, match="already exists; pass --overwrite"):
+        pack(image_dir, out, _options("lmdb", seed=2))
+    assert read_manifest(out).seed == 1
+    pack(image_dir, out, _options("lmdb", seed=2, overwrite=True))
+    assert read_manifest(out).seed == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "out.lmdb"]
+
+
+def test_overwrite_never_deletes_a_folder_that_is_not_a_store(image_dir: Path, tmp_path: Path) -> None:
+    precious = tmp_path / "precious.lmdb"
+    write_image(precious / "photo.jpg")
+    with pytest.raises(StoreExistsError, match="not a packer store; refusing"):
+        pack(image_dir, precious, _options("lmdb", overwrite=True))
+    assert (precious / "photo.jpg").exists()
+
+
+def test_output_inside_source_is_refused(image_dir: Path) -> None:
+    with pytest.raises(PackerError, match="inside the source folder"):
+        pack(image_dir, image_dir / "out.lmdb", _options("lmdb"))
+
+
+def test_stale_partial_is_replaced_but_a_live_one_is_respected(image_dir: Path, tmp_path: Path) -> None:
+    import fcntl
+
+    out = tmp_path / "out.lmdb"
+    partial = tmp_path / "out.lmdb.partial"
+    partial.mkdir()
+    (partial / "shard-00000.lmdb").write_bytes(b"half")
+    (partial / ".lock").touch()
+    with open(partial / ".lock") as held:  # another pack still running
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(StoreError, match="another pack is writing"):
+            pack(image_dir, out, _options("lmdb"))
+    pack(image_dir, out, _options("lmdb"))  # the lock is gone: a crashed pack's leftovers
+    assert read_manifest(out).num_records == 21 and not partial.exists()

@@ -1,0 +1,136 @@
+"""Every backend honours one contract; and every shard opens with the ecosystem's own tools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import lmdb
+import msgpack
+import numpy as np
+import pytest
+import tables
+
+from packer.record import Record, checksum, unpack_value
+from packer.store import ShardMeta, open_shard_reader, open_shard_writer, shard_name
+from packer.store.lmdb_store import LmdbShardWriter
+
+
+def _records(n: int, seed: int = 0, shape: tuple[int, int, int] | None = None) -> list[Record]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        size = int(np.prod(shape)) if shape else int(rng.integers(0, 5000))
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        out.append(Record(data, (i % 3, int(rng.integers(-9, 9))), f"dir/ü {i}.jpg", checksum(data),
+                          shape or (i + 1, i + 2, 3), "raw" if shape else ("JPEG", "PNG")[i % 2]))
+    return out
+
+
+def _write(backend: str, path: Path, records: list[Record], meta: ShardMeta) -> None:
+    writer = open_shard_writer(backend, path, meta)
+    for record in records:
+        writer.append(record)
+    writer.close()
+
+
+def _same(a: Record, b: Record) -> bool:
+    return (bytes(a.data), a.labels, a.path, a.crc32, a.shape, a.format) == (
+        bytes(b.data), b.labels, b.path, b.crc32, b.shape, b.format)
+
+
+@pytest.mark.parametrize("n", [0, 1, 257])
+def test_write_then_read_blocks_and_records(tmp_path: Path, backend: str, n: int) -> None:
+    path = tmp_path / shard_name(backend, 0)
+    records = _records(n)
+    _write(backend, path, records, ShardMeta(0, 2))
+    reader = open_shard_reader(backend, path)
+    assert len(reader) == n and reader.meta["num_records"] == n
+    for start, stop in [(0, n), (0, min(n, 10)), (n // 2, n), (n, n)]:
+        block = reader.read_block(start, stop)
+        assert len(block) == stop - start
+        assert all(_same(block.record(i), records[start + i]) for i in range(len(block)))
+    if n:
+        assert _same(reader.read_record(n - 1), records[n - 1])
+    with pytest.raises(IndexError):
+        reader.read_block(0, n + 1)
+    with pytest.raises(IndexError):
+        reader.read_record(n)
+    reader.close()
+
+
+def test_hdf5_raw_fixed_shape_is_one_array(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00000.h5"
+    records = _records(50, shape=(6, 4, 3))
+    _write("hdf5", path, records, ShardMeta(0, 2, raw_shape=[6, 4, 3], compression="gzip"))
+    reader = open_shard_reader("hdf5", path)
+    block = reader.read_block(10, 20)
+    assert isinstance(block.data, np.ndarray) and block.data.shape == (10, 6, 4, 3)
+    expected = np.stack([np.frombuffer(r.data, np.uint8).reshape(6, 4, 3) for r in records[10:20]])
+    assert np.array_equal(block.data, expected)
+    reader.close()
+    with h5py.File(path) as f:
+        assert f["images"].compression == "gzip"
+
+
+def test_lmdb_map_grows_and_replays_without_losing_records(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00000.lmdb"
+    records = _records(300)  # ~750 KB into a 64 KB map: several doublings
+    writer = LmdbShardWriter(path, ShardMeta(0, 2), map_size=64 << 10)
+    for record in records:
+        writer.append(record)
+    writer.close()
+    assert writer.map_growths >= 3
+    reader = open_shard_reader("lmdb", path)
+    block = reader.read_block(0, 300)
+    assert all(_same(block.record(i), records[i]) for i in range(300))
+    payload = sum(len(r.data) for r in records)
+    assert path.stat().st_size < 2 * payload  # the file holds data, not the reserved map
+
+
+def test_lmdb_shard_opens_with_plain_lmdb(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00000.lmdb"
+    records = _records(20)
+    _write("lmdb", path, records, ShardMeta(3, 2, extra={"backend": "lmdb"}))
+    assert not Path(str(path) + "-lock").exists()
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        keys = [k for k, _ in txn.cursor()]
+        assert keys[:2] == [b"0000000000", b"0000000001"] and keys[-1] == b"__packer__"
+        assert msgpack.unpackb(txn.get(b"__packer__"))["index"] == 3
+        assert _same(unpack_value(txn.get(b"0000000007")), records[7])
+    env.close()
+
+
+def test_hdf5_shard_opens_with_h5py_and_pytables(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00000.h5"
+    records = _records(20)
+    _write("hdf5", path, records, ShardMeta(0, 2))
+    with h5py.File(path, "r") as f:
+        offsets = f["offsets"][:]
+        assert bytes(f["data"][offsets[7]:offsets[8]]) == bytes(records[7].data)
+        assert f["paths"].asstr()[7] == records[7].path
+        assert json.loads(f.attrs["packer"])["num_records"] == 20
+    with tables.open_file(str(path)) as t:
+        assert t.root.labels.shape == (20, 2)
+        assert t.root.crc32[7] == records[7].crc32
+
+
+def test_hdf5_store_is_deterministic(tmp_path: Path) -> None:
+    a, b = tmp_path / "a" / "shard-00000.h5", tmp_path / "b" / "shard-00000.h5"
+    for path in (a, b):
+        path.parent.mkdir()
+        _write("hdf5", path, _records(30), ShardMeta(0, 2))
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_not_a_shard(tmp_path: Path, backend: str) -> None:
+    path = tmp_path / shard_name(backend, 0)
+    if backend == "lmdb":
+        env = lmdb.open(str(path), subdir=False, lock=False)
+        env.close()
+    else:
+        h5py.File(path, "w").close()
+    with pytest.raises(ValueError, match="not a packer shard"):
+        open_shard_reader(backend, path)
