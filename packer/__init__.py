@@ -9,4 +9,12 @@ from packer.manifest import Manifest, read_manifest  # noqa: E402
 from packer.options import PackOptions  # noqa: E402
 from packer.pack import PackResult, pack  # noqa: E402
 
-__all__ = ["__version__", "pack", "PackOptions", "PackResult", "Manifest", "read_manifest", "PackerError"]
+__all__ = [
+    "__version__",
+    "pack",
+    "PackOptions",
+    "PackResult",
+    "Manifest",
+    "read_manifest",
+    "PackerError",
+]

@@ -74,8 +74,13 @@ class Store:
         shard, offset = self.locate(index)
         record = self.shard(shard).read_record(offset)
         if verify and checksum(record.data) != record.crc32:
-            raise CorruptRecordError(str(self.path), self.manifest.shards[shard].file, index,
-                                     record.path, "checksum mismatch")
+            raise CorruptRecordError(
+                str(self.path),
+                self.manifest.shards[shard].file,
+                index,
+                record.path,
+                "checksum mismatch",
+            )
         return record
 
     def records(self) -> Iterator[Record]:
@@ -94,8 +99,13 @@ class Store:
             pixels = record_pixels(record, self.manifest.storage.mode)
         except Exception as e:
             shard, _ = self.locate(index)
-            raise CorruptRecordError(str(self.path), self.manifest.shards[shard].file, index,
-                                     record.path, f"does not decode: {e}") from e
+            raise CorruptRecordError(
+                str(self.path),
+                self.manifest.shards[shard].file,
+                index,
+                record.path,
+                f"does not decode: {e}",
+            ) from e
         return pixels, np.array(record.labels, dtype=np.int64)
 
     def close(self) -> None:
@@ -107,8 +117,12 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def __getstate__(self) -> dict[str, object]:

@@ -23,8 +23,12 @@ class StoreSummary:
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "ok": self.ok, "problems": self.problems,
-                "manifest": self.manifest.to_json()}
+        return {
+            "path": str(self.path),
+            "ok": self.ok,
+            "problems": self.problems,
+            "manifest": self.manifest.to_json(),
+        }
 
 
 def describe_store(path: Path | str) -> StoreSummary:

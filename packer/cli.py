@@ -45,39 +45,120 @@ def cli() -> None:
 @cli.command("pack")
 @click.argument("source", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("output", type=click.Path(path_type=Path))
-@click.option("--labels", default="folders", show_default=True, metavar="folders|none|FILE",
-              help="Class sub-folders, no labels, or a CSV/TSV file with a path column and label columns.")
-@click.option("--path-column", metavar="NAME", help="CSV column with the paths (default: path/file/filename/image, else the first).")
-@click.option("--label-column", "label_columns", multiple=True, metavar="NAME",
-              help="CSV column to use as a label; repeat for several (default: all but the path column).")
-@click.option("--backend", type=click.Choice(["lmdb", "hdf5"]), help="Default: from OUTPUT's suffix (.lmdb, .h5).")
-@click.option("--seed", type=int, help="Shuffle seed (default: a random one, recorded in the manifest).")
+@click.option(
+    "--labels",
+    default="folders",
+    show_default=True,
+    metavar="folders|none|FILE",
+    help="Class sub-folders, no labels, or a CSV/TSV file with a path column and label columns.",
+)
+@click.option(
+    "--path-column",
+    metavar="NAME",
+    help="CSV column with the paths (default: path/file/filename/image, else the first).",
+)
+@click.option(
+    "--label-column",
+    "label_columns",
+    multiple=True,
+    metavar="NAME",
+    help="CSV column to use as a label; repeat for several (default: all but the path column).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["lmdb", "hdf5"]),
+    help="Default: from OUTPUT's suffix (.lmdb, .h5).",
+)
+@click.option(
+    "--seed", type=int, help="Shuffle seed (default: a random one, recorded in the manifest)."
+)
 @click.option("--no-shuffle", is_flag=True, help="Keep sorted path order.")
 @click.option("--raw", is_flag=True, help="Store decoded uint8 pixels, so training skips decoding.")
 @click.option("--encode", type=click.Choice(["jpeg", "png", "webp"]), help="Re-encode every image.")
-@click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True, help="JPEG/WebP quality.")
-@click.option("--max-side", type=click.IntRange(min=1), metavar="PX", help="Shrink so the longest side is at most PX.")
+@click.option(
+    "--quality",
+    type=click.IntRange(1, 100),
+    default=90,
+    show_default=True,
+    help="JPEG/WebP quality.",
+)
+@click.option(
+    "--max-side",
+    type=click.IntRange(min=1),
+    metavar="PX",
+    help="Shrink so the longest side is at most PX.",
+)
 @click.option("--size", "size_text", metavar="HxW", help="Resize to exactly HxW (see --fit).")
-@click.option("--fit", type=click.Choice(["crop", "pad", "stretch"]), default="crop", show_default=True,
-              help="With --size: crop the centre, pad with black, or stretch.")
-@click.option("--mode", type=click.Choice(["RGB", "L", "keep"]), default="RGB", show_default=True,
-              help="Colour policy when pixels are decoded (keep: L, LA, RGB or RGBA as in the file).")
-@click.option("--shard-size", default="1GB", show_default=True, metavar="SIZE", help="Target shard size, e.g. 512MB.")
-@click.option("--shards", type=click.IntRange(min=1), help="Exactly N shards of equal record counts instead.")
-@click.option("--compression", type=click.Choice(["gzip", "lzf"]), help="HDF5 compression (worth it for --raw only).")
-@click.option("--workers", type=click.IntRange(min=0), default=0, help="Worker processes [default: all cores].")
-@click.option("--check", type=click.Choice(["full", "header"]), default="full", show_default=True,
-              help="full: decode every image (catches truncation); header: parse headers only (faster).")
-@click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
-              help="Bad files: report and skip them, or stop the pack.")
-@click.option("--max-pixels", type=click.IntRange(min=1), default=PackOptions.max_pixels, show_default=True,
-              help="Refuse larger images (decompression bombs) before decoding them.")
+@click.option(
+    "--fit",
+    type=click.Choice(["crop", "pad", "stretch"]),
+    default="crop",
+    show_default=True,
+    help="With --size: crop the centre, pad with black, or stretch.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["RGB", "L", "keep"]),
+    default="RGB",
+    show_default=True,
+    help="Colour policy when pixels are decoded (keep: L, LA, RGB or RGBA as in the file).",
+)
+@click.option(
+    "--shard-size",
+    default="1GB",
+    show_default=True,
+    metavar="SIZE",
+    help="Target shard size, e.g. 512MB.",
+)
+@click.option(
+    "--shards", type=click.IntRange(min=1), help="Exactly N shards of equal record counts instead."
+)
+@click.option(
+    "--compression",
+    type=click.Choice(["gzip", "lzf"]),
+    help="HDF5 compression (worth it for --raw only).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Worker processes [default: all cores].",
+)
+@click.option(
+    "--check",
+    type=click.Choice(["full", "header"]),
+    default="full",
+    show_default=True,
+    help="full: decode every image (catches truncation); header: parse headers only (faster).",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(["skip", "fail"]),
+    default="skip",
+    show_default=True,
+    help="Bad files: report and skip them, or stop the pack.",
+)
+@click.option(
+    "--max-pixels",
+    type=click.IntRange(min=1),
+    default=PackOptions.max_pixels,
+    show_default=True,
+    help="Refuse larger images (decompression bombs) before decoding them.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at OUTPUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def pack_command(source: Path, output: Path, size_text: str | None, shard_size: str,
-                 label_columns: tuple[str, ...], backend: str | None, quiet: bool,
-                 as_json: bool, **kwargs: Any) -> None:
+def pack_command(
+    source: Path,
+    output: Path,
+    size_text: str | None,
+    shard_size: str,
+    label_columns: tuple[str, ...],
+    backend: str | None,
+    quiet: bool,
+    as_json: bool,
+    **kwargs: Any,
+) -> None:
     """Pack the images under SOURCE into a new store at OUTPUT.
 
     \b
@@ -99,8 +180,12 @@ def pack_command(source: Path, output: Path, size_text: str | None, shard_size: 
     line = ProgressLine(enabled=not quiet)
     signal.signal(signal.SIGTERM, _interrupt)  # a kill leaves no store, as Ctrl-C does
     try:
-        result = pack(source, output, options,
-                      progress=lambda p: line(p.stage, p.done, p.total) if isinstance(p, Progress) else None)
+        result = pack(
+            source,
+            output,
+            options,
+            progress=lambda p: line(p.stage, p.done, p.total) if isinstance(p, Progress) else None,
+        )
     finally:
         line.finish()
     if as_json:
@@ -128,7 +213,9 @@ def _print_pack_summary(result: PackResult) -> None:
         for skipped in result.skipped[:10]:
             click.echo(f"  {skipped.path}: {skipped.reason}")
         if len(result.skipped) > 10:
-            click.echo(f"  ... and {len(result.skipped) - 10} more (packer inspect --json lists all)")
+            click.echo(
+                f"  ... and {len(result.skipped) - 10} more (packer inspect --json lists all)"
+            )
 
 
 @cli.command("inspect")
@@ -157,11 +244,25 @@ def _print_summary(summary: StoreSummary) -> None:
     on_disk = sum(s.bytes for s in m.shards)
     payload = sum(s.payload_bytes for s in m.shards)
     echo = click.echo
-    echo(f"{summary.path}: packer store v{m.format_version}, {m.backend}, made by packer {m.packer_version} on {m.created}")
-    echo(f"records   {m.num_records:,} in {len(m.shards)} shard(s); payload {human_bytes(payload)}, on disk {human_bytes(on_disk)}")
+    echo(
+        f"{summary.path}: packer store v{m.format_version}, {m.backend}, made by packer {m.packer_version} on {m.created}"
+    )
+    echo(
+        f"records   {m.num_records:,} in {len(m.shards)} shard(s); payload {human_bytes(payload)}, on disk {human_bytes(on_disk)}"
+    )
     formats = ", ".join(f"{k} {v:,}" for k, v in stats.get("formats", {}).items())
-    what = {"original": "original file bytes", "encoded": f"re-encoded {st.encoding}", "raw": "raw uint8 pixels"}[st.payload]
-    resize = f", max side {st.max_side}" if st.max_side else f", size {st.size[0]}x{st.size[1]} ({st.fit})" if st.size else ""
+    what = {
+        "original": "original file bytes",
+        "encoded": f"re-encoded {st.encoding}",
+        "raw": "raw uint8 pixels",
+    }[st.payload]
+    resize = (
+        f", max side {st.max_side}"
+        if st.max_side
+        else f", size {st.size[0]}x{st.size[1]} ({st.fit})"
+        if st.size
+        else ""
+    )
     echo(f"storage   {what}{resize}; colour {st.mode}; formats: {formats}")
     if st.shape:
         echo(f"shape     every image {st.shape[0]}x{st.shape[1]}x{st.shape[2]}")
@@ -169,7 +270,9 @@ def _print_summary(summary: StoreSummary) -> None:
     if h.get("count"):
         echo(f"height    {h['min']}..{h['max']} px, mean {h['mean']:.0f}")
         echo(f"width     {w['min']}..{w['max']} px, mean {w['mean']:.0f}")
-        echo(f"bytes     {human_bytes(b['min'])}..{human_bytes(b['max'])}, mean {human_bytes(b['mean'])}")
+        echo(
+            f"bytes     {human_bytes(b['min'])}..{human_bytes(b['max'])}, mean {human_bytes(b['mean'])}"
+        )
     echo(f"shuffle   {'seed ' + str(m.seed) if m.shuffled else 'none (sorted path order)'}")
     _print_labels(m.label_source, m.label_columns, stats.get("label_counts", []))
     echo(f"skipped   {len(m.skipped)} file(s)")
@@ -178,7 +281,9 @@ def _print_summary(summary: StoreSummary) -> None:
         echo(f"  {count:6}  {reason}")
     echo("shards")
     for shard in m.shards:
-        echo(f"  {shard.file}  {shard.num_records:>9,} records  {human_bytes(shard.bytes):>9}  sha256 {shard.sha256[:12]}")
+        echo(
+            f"  {shard.file}  {shard.num_records:>9,} records  {human_bytes(shard.bytes):>9}  sha256 {shard.sha256[:12]}"
+        )
     for problem in summary.problems:
         echo(f"PROBLEM   {problem}", err=True)
 

@@ -68,7 +68,13 @@ class CorruptRecordError(StoreError):
 
     def __init__(self, store: str, shard: str, index: int, path: str, reason: str) -> None:
         super().__init__(f"{store}: record {index} in {shard} ({path}): {reason}")
-        self.store, self.shard, self.index, self.path, self.reason = store, shard, index, path, reason
+        self.store, self.shard, self.index, self.path, self.reason = (
+            store,
+            shard,
+            index,
+            path,
+            reason,
+        )
 
 
 class PackInterrupted(PackerError):

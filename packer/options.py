@@ -18,9 +18,22 @@ FITS = ("crop", "pad", "stretch")
 CHECKS = ("full", "header")
 ON_ERROR = ("skip", "fail")
 COMPRESSIONS = ("gzip", "lzf")
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-          "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def default_workers() -> int:
@@ -81,8 +94,9 @@ class PackOptions:
     def __post_init__(self) -> None:
         def choose(name: str, value: Any, allowed: tuple[str, ...]) -> None:
             if value not in allowed:
-                raise UsageError(f"--{name.replace('_', '-')} must be one of "
-                                 f"{', '.join(allowed)}, not {value!r}")
+                raise UsageError(
+                    f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, not {value!r}"
+                )
 
         choose("backend", self.backend, ("lmdb", "hdf5"))
         choose("mode", self.mode, MODES)
@@ -108,7 +122,9 @@ class PackOptions:
         if self.workers < 0:
             raise UsageError(f"--workers must be 0 (all cores) or more, not {self.workers}")
         if self.mode == "keep" and self.encode == "jpeg":
-            raise UsageError("JPEG cannot keep alpha channels; use --mode RGB or L, or --encode png")
+            raise UsageError(
+                "JPEG cannot keep alpha channels; use --mode RGB or L, or --encode png"
+            )
 
     @property
     def payload(self) -> str:

@@ -194,15 +194,25 @@ def _write_shards(
     source_bytes = 0
     hashes: list[Future[ShardInfo]] = []
     results = _prepared_in_order([str(src.root / item.path) for item in items], options)
-    meta_extra = {"backend": options.backend, "storage": asdict(_storage(options, None)),
-                  "label_columns": [c.to_json() for c in src.columns]}
+    meta_extra = {
+        "backend": options.backend,
+        "storage": asdict(_storage(options, None)),
+        "label_columns": [c.to_json() for c in src.columns],
+    }
     # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
     with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
         for index, shard_range in enumerate(plan):
             path = folder / shard_name(options.backend, index)
-            meta = ShardMeta(index, len(src.columns), options.fixed_shape() if options.backend == "hdf5" else None,
-                             options.compression, meta_extra)
-            writer_options = {"map_size": _map_size(items, shard_range)} if options.backend == "lmdb" else {}
+            meta = ShardMeta(
+                index,
+                len(src.columns),
+                options.fixed_shape() if options.backend == "hdf5" else None,
+                options.compression,
+                meta_extra,
+            )
+            writer_options = (
+                {"map_size": _map_size(items, shard_range)} if options.backend == "lmdb" else {}
+            )
             writer = open_shard_writer(options.backend, path, meta, **writer_options)
             count = payload_bytes = 0
             try:
@@ -280,7 +290,9 @@ def _prepared_in_order(paths: list[str], options: PackOptions) -> Iterator[Prepa
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _result(batch: list[str], future: Future[list[Prepared | Rejected]]) -> list[Prepared | Rejected]:
+def _result(
+    batch: list[str], future: Future[list[Prepared | Rejected]]
+) -> list[Prepared | Rejected]:
     try:
         return future.result()
     except BrokenProcessPool as e:
@@ -335,8 +347,11 @@ def _manifest(src: Source, written: _Written, options: PackOptions, seed: int) -
         options=options.to_json(),
         stats=written.stats.to_json(),
         skipped=[{"path": s.path, "reason": s.reason} for s in written.skipped],
-        source={"root": str(src.root.resolve()), "files": len(src.items) + len(src.skipped),
-                "packed_bytes": written.source_bytes},
+        source={
+            "root": str(src.root.resolve()),
+            "files": len(src.items) + len(src.skipped),
+            "packed_bytes": written.source_bytes,
+        },
     )
 
 

@@ -84,7 +84,8 @@ def _transform(data: bytes, options: PackOptions) -> Prepared:
     if options.raw:
         pixels = imaging.to_array(im)
         payload = pixels.tobytes()
-        return Prepared(payload, checksum(payload), pixels.shape, "raw")  # type: ignore[arg-type]
+        height, width, channels = pixels.shape
+        return Prepared(payload, checksum(payload), (height, width, channels), "raw")
     encoding = options.encoding or "jpeg"
     payload = imaging.encode(im, encoding, options.quality)
     channels = imaging.CHANNELS[im.mode] if encoding != "jpeg" or im.mode == "L" else 3

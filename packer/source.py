@@ -108,7 +108,9 @@ def _from_csv(
     )
     if path_col not in header:
         raise LabelsError(f"{table}: no column {path_col!r} (columns: {', '.join(header)})")
-    label_cols = label_columns if label_columns is not None else [h for h in header if h != path_col]
+    label_cols = (
+        label_columns if label_columns is not None else [h for h in header if h != path_col]
+    )
     for name in label_cols:
         if name not in header:
             raise LabelsError(f"{table}: no label column {name!r} (columns: {', '.join(header)})")

@@ -34,7 +34,9 @@ class Staging:
         self.path = partial_path(final)
         if final.exists() or final.is_symlink():
             if not overwrite:
-                raise StoreExistsError(f"{final} already exists; pass --overwrite or choose another path")
+                raise StoreExistsError(
+                    f"{final} already exists; pass --overwrite or choose another path"
+                )
             if not _is_replaceable(final):
                 raise StoreExistsError(
                     f"{final} exists and is not a packer store; refusing to overwrite it"
@@ -52,7 +54,9 @@ class Staging:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise StoreError(f"another pack is writing {self.final} (it holds {lock})") from None
+                raise StoreError(
+                    f"another pack is writing {self.final} (it holds {lock})"
+                ) from None
             finally:
                 os.close(fd)
         log.warning("removing %s, left by a pack that did not finish", self.path)

@@ -49,7 +49,9 @@ class RecordStats:
     def __post_init__(self) -> None:
         self.label_counts = [Counter() for _ in range(self.num_label_columns)]
 
-    def add(self, nbytes: int, shape: tuple[int, int, int], fmt: str, labels: tuple[int, ...]) -> None:
+    def add(
+        self, nbytes: int, shape: tuple[int, int, int], fmt: str, labels: tuple[int, ...]
+    ) -> None:
         self.payload_bytes.add(nbytes)
         self.height.add(shape[0])
         self.width.add(shape[1])

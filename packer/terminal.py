@@ -47,8 +47,9 @@ class ProgressLine:
         rate = done / (now - start) if now > start else 0.0
         if total:
             eta = (total - done) / rate if rate else 0.0
-            line = (f"{stage:8} {bar(done / total, 30)} {done}/{total} "
-                    f"{rate:,.0f}/s  eta {eta:,.0f}s")
+            line = (
+                f"{stage:8} {bar(done / total, 30)} {done}/{total} {rate:,.0f}/s  eta {eta:,.0f}s"
+            )
         else:
             line = f"{stage:8} {done:,} files"
         self.stream.write("\r" + line[:120].ljust(80))

@@ -36,8 +36,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import h5py
 import numpy as np
@@ -94,30 +95,43 @@ def write_batches(offsets: np.ndarray) -> list[tuple[int, int]]:
 
 def write_vlen(path: str, pool: np.ndarray, offsets: np.ndarray) -> None:
     with h5py.File(path, "w") as f:
-        ds = f.create_dataset("data", shape=(0,), maxshape=(None,),
-                              dtype=h5py.vlen_dtype(np.uint8), chunks=(VLEN_CHUNK_ELEMS,))
+        ds = f.create_dataset(
+            "data",
+            shape=(0,),
+            maxshape=(None,),
+            dtype=h5py.vlen_dtype(np.uint8),
+            chunks=(VLEN_CHUNK_ELEMS,),
+        )
         for start, stop in write_batches(offsets):
             batch = np.empty(stop - start, dtype=object)
-            batch[:] = [pool[offsets[i]:offsets[i + 1]] for i in range(start, stop)]
+            batch[:] = [pool[offsets[i] : offsets[i + 1]] for i in range(start, stop)]
             ds.resize((stop,))
             ds[start:stop] = batch
 
 
-def write_flat(path: str, pool: np.ndarray, offsets: np.ndarray, fill_time: str,
-               chunk_bytes: int | None) -> None:
+def write_flat(
+    path: str, pool: np.ndarray, offsets: np.ndarray, fill_time: str, chunk_bytes: int | None
+) -> None:
     with h5py.File(path, "w") as f:
         # fill_time="never" (our default): every byte gets written anyway.  With h5py's
         # default ("ifset"), a chunk bigger than the 1 MiB chunk cache that is first hit by
         # a partial write gets zero-filled on disk first, roughly halving write speed.
         if chunk_bytes is None:  # contiguous: needs the total size upfront
-            ds = f.create_dataset("data", shape=(int(offsets[-1]),), dtype=np.uint8,
-                                  fill_time=fill_time)
+            ds = f.create_dataset(
+                "data", shape=(int(offsets[-1]),), dtype=np.uint8, fill_time=fill_time
+            )
         else:
-            ds = f.create_dataset("data", shape=(0,), maxshape=(None,), dtype=np.uint8,
-                                  chunks=(chunk_bytes,), fill_time=fill_time)
+            ds = f.create_dataset(
+                "data",
+                shape=(0,),
+                maxshape=(None,),
+                dtype=np.uint8,
+                chunks=(chunk_bytes,),
+                fill_time=fill_time,
+            )
         for start, stop in write_batches(offsets):
             # A packer holds one bytes object per image: join them into one buffer.
-            buf = np.concatenate([pool[offsets[i]:offsets[i + 1]] for i in range(start, stop)])
+            buf = np.concatenate([pool[offsets[i] : offsets[i + 1]] for i in range(start, stop)])
             lo, hi = int(offsets[start]), int(offsets[stop])
             if chunk_bytes is not None:
                 ds.resize((hi,))
@@ -130,8 +144,8 @@ def read_vlen(f: h5py.File, start: int, stop: int) -> list[memoryview]:
 
 
 def read_flat(f: h5py.File, start: int, stop: int) -> list[memoryview]:
-    offs = f["offsets"][start:stop + 1]
-    view = memoryview(f["data"][int(offs[0]):int(offs[-1])])
+    offs = f["offsets"][start : stop + 1]
+    view = memoryview(f["data"][int(offs[0]) : int(offs[-1])])
     rel = (offs - offs[0]).tolist()
     return [view[a:b] for a, b in zip(rel[:-1], rel[1:])]
 
@@ -140,8 +154,9 @@ def reader(layout: Layout) -> Reader:
     return read_vlen if layout.kind == "vlen" else read_flat
 
 
-def time_write(layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray,
-               fill_time: str) -> float:
+def time_write(
+    layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray, fill_time: str
+) -> float:
     """Write the whole file once; return elapsed seconds (including close)."""
     if os.path.exists(path):
         os.remove(path)
@@ -164,15 +179,16 @@ def time_read(layout: Layout, path: str, n: int, chunk_size: int) -> float:
     return time.perf_counter() - t0
 
 
-def verify(layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray,
-           chunk_size: int) -> None:
+def verify(
+    layout: Layout, path: str, pool: np.ndarray, offsets: np.ndarray, chunk_size: int
+) -> None:
     """Check that the first and last chunk round-trip byte for byte."""
     n = len(offsets) - 1
     with h5py.File(path, "r") as f:
         for start in (0, max(0, n - chunk_size)):
             stop = min(start + chunk_size, n)
             for i, rec in zip(range(start, stop), reader(layout)(f, start, stop)):
-                assert rec == memoryview(pool[offsets[i]:offsets[i + 1]]), (layout.name, i)
+                assert rec == memoryview(pool[offsets[i] : offsets[i + 1]]), (layout.name, i)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,40 +212,61 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for lay in LAYOUTS:
         w, r = min(writes[lay.name]), min(reads[lay.name])
-        results.append({
-            "layout": lay.name, "hdf5_chunk_bytes": lay.chunk_bytes,
-            "write_s": w, "write_mb_s": total / MB / w, "write_rec_s": n / w,
-            "write_vs_ref": ref_w / w,
-            "read_s": r, "read_mb_s": total / MB / r, "read_rec_s": n / r,
-            "read_vs_ref": ref_r / r,
-            "file_bytes": file_bytes[lay.name],
-            "overhead_pct": 100 * (file_bytes[lay.name] / total - 1),
-        })
+        results.append(
+            {
+                "layout": lay.name,
+                "hdf5_chunk_bytes": lay.chunk_bytes,
+                "write_s": w,
+                "write_mb_s": total / MB / w,
+                "write_rec_s": n / w,
+                "write_vs_ref": ref_w / w,
+                "read_s": r,
+                "read_mb_s": total / MB / r,
+                "read_rec_s": n / r,
+                "read_vs_ref": ref_r / r,
+                "file_bytes": file_bytes[lay.name],
+                "overhead_pct": 100 * (file_bytes[lay.name] / total - 1),
+            }
+        )
     sizes = np.diff(offsets)
     return {
-        "records": n, "payload_bytes": total, "chunk_size": args.chunk_size,
-        "repeat": args.repeat, "flat_fill_time": args.fill_time, "reference": REFERENCE,
+        "records": n,
+        "payload_bytes": total,
+        "chunk_size": args.chunk_size,
+        "repeat": args.repeat,
+        "flat_fill_time": args.fill_time,
+        "reference": REFERENCE,
         "record_bytes_median": float(np.median(sizes)),
         "record_bytes_p5_p95": [float(np.percentile(sizes, q)) for q in (5, 95)],
         "reads_warm_page_cache": True,
-        "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version, "results": results,
+        "h5py": h5py.__version__,
+        "hdf5": h5py.version.hdf5_version,
+        "results": results,
     }
 
 
 def print_table(rep: dict[str, Any]) -> None:
     p5, p95 = (x / 1e3 for x in rep["record_bytes_p5_p95"])
-    print(f"{rep['records']} records, {rep['payload_bytes'] / MB:.0f} MB; record size "
-          f"median {rep['record_bytes_median'] / 1e3:.0f} KB, p5..p95 {p5:.0f}..{p95:.0f} KB")
-    print(f"chunk_size={rep['chunk_size']} records/read, best of {rep['repeat']}, "
-          f"flat fill_time={rep['flat_fill_time']}, h5py {rep['h5py']}, HDF5 {rep['hdf5']}")
+    print(
+        f"{rep['records']} records, {rep['payload_bytes'] / MB:.0f} MB; record size "
+        f"median {rep['record_bytes_median'] / 1e3:.0f} KB, p5..p95 {p5:.0f}..{p95:.0f} KB"
+    )
+    print(
+        f"chunk_size={rep['chunk_size']} records/read, best of {rep['repeat']}, "
+        f"flat fill_time={rep['flat_fill_time']}, h5py {rep['h5py']}, HDF5 {rep['hdf5']}"
+    )
     print("Reads are WARM (page cache): they measure HDF5/h5py overhead, not disk I/O.\n")
-    header = (f"{'layout':<12}{'write MB/s':>11}{'rec/s':>7}{'vs ref':>8}"
-              f"{'read MB/s':>11}{'rec/s':>7}{'vs ref':>8}{'overhead':>10}")
+    header = (
+        f"{'layout':<12}{'write MB/s':>11}{'rec/s':>7}{'vs ref':>8}"
+        f"{'read MB/s':>11}{'rec/s':>7}{'vs ref':>8}{'overhead':>10}"
+    )
     print(header + "\n" + "-" * len(header))
     for r in rep["results"]:
-        print(f"{r['layout']:<12}{r['write_mb_s']:>11.0f}{r['write_rec_s']:>7.0f}"
-              f"{r['write_vs_ref']:>7.2f}x{r['read_mb_s']:>11.0f}{r['read_rec_s']:>7.0f}"
-              f"{r['read_vs_ref']:>7.2f}x{r['overhead_pct']:>9.2f}%")
+        print(
+            f"{r['layout']:<12}{r['write_mb_s']:>11.0f}{r['write_rec_s']:>7.0f}"
+            f"{r['write_vs_ref']:>7.2f}x{r['read_mb_s']:>11.0f}{r['read_rec_s']:>7.0f}"
+            f"{r['read_vs_ref']:>7.2f}x{r['overhead_pct']:>9.2f}%"
+        )
     print(f"(vs ref = speed relative to {rep['reference']}; >1 is faster)")
 
 
@@ -240,8 +277,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (best kept)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--tmpdir", default=None, help="directory for the test files")
-    parser.add_argument("--fill-time", default="never", choices=["never", "ifset", "alloc"],
-                        help="HDF5 fill time of flat datasets (h5py's default is ifset)")
+    parser.add_argument(
+        "--fill-time",
+        default="never",
+        choices=["never", "ifset", "alloc"],
+        help="HDF5 fill time of flat datasets (h5py's default is ifset)",
+    )
     args = parser.parse_args()
     report = run(args)
     if args.json:

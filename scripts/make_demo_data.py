@@ -13,6 +13,7 @@ order), given the same numpy and Pillow builds.
     python scripts/make_demo_data.py OUTDIR [--per-class N] [--seed S] [--size-range MIN MAX]
                                             [--csv PATH] [--force] [--quiet]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,14 +26,25 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-CLASSES = ("circle", "cross", "hstripes", "square", "triangle", "vstripes")  # sorted: index == shape_id
+CLASSES = (
+    "circle",
+    "cross",
+    "hstripes",
+    "square",
+    "triangle",
+    "vstripes",
+)  # sorted: index == shape_id
 PNG_FRACTION = 0.30
 SPECIAL_FRACTION = 0.05  # share of each special kind: EXIF-rotated, grayscale, RGBA
 MIN_CONTRAST = 90  # luma gap shape/background, so grayscale copies stay learnable
 NOISE_SIGMA = 6.0
 MIN_SIDE = 16  # below this, stripes and crosses degenerate into blobs
 # Pixel rotation to store so that exif_transpose (3: 180, 6: ROTATE_270, 8: ROTATE_90) undoes it.
-STORE_ROTATION = {3: Image.Transpose.ROTATE_180, 6: Image.Transpose.ROTATE_90, 8: Image.Transpose.ROTATE_270}
+STORE_ROTATION = {
+    3: Image.Transpose.ROTATE_180,
+    6: Image.Transpose.ROTATE_90,
+    8: Image.Transpose.ROTATE_270,
+}
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,9 @@ def shape_mask(label: str, size: tuple[int, int], rng: np.random.Generator) -> I
         draw.rectangle((x0, y0, x1, y1), fill=255)
     elif label == "triangle":  # equilateral, randomly rotated, inscribed in the box's circle
         angles = rng.uniform(0, 2 * np.pi) + np.arange(3) * 2 * np.pi / 3
-        draw.polygon([(cx + side / 2 * np.cos(a), cy + side / 2 * np.sin(a)) for a in angles], fill=255)
+        draw.polygon(
+            [(cx + side / 2 * np.cos(a), cy + side / 2 * np.sin(a)) for a in angles], fill=255
+        )
     elif label == "cross":
         half_arm = rng.uniform(0.25, 0.4) * side / 2
         draw.rectangle((cx - half_arm, y0, cx + half_arm, y1), fill=255)
@@ -95,7 +109,9 @@ def shape_mask(label: str, size: tuple[int, int], rng: np.random.Generator) -> I
     return mask
 
 
-def render(label: str, size: tuple[int, int], variant: Variant, rng: np.random.Generator) -> Image.Image:
+def render(
+    label: str, size: tuple[int, int], variant: Variant, rng: np.random.Generator
+) -> Image.Image:
     """The upright picture, in the variant's colour mode."""
     background, foreground = contrasting_colours(rng)
     noise = rng.normal(0.0, NOISE_SIGMA, (size[1], size[0], 3))
@@ -106,11 +122,15 @@ def render(label: str, size: tuple[int, int], variant: Variant, rng: np.random.G
         return image.convert("L")
     if variant.mode == "RGBA":  # translucent background, opaque shape: compositing keeps the label
         background_alpha = int(rng.integers(96, 224))
-        image.putalpha(Image.fromarray(np.where(np.asarray(mask) > 0, 255, background_alpha).astype(np.uint8)))
+        image.putalpha(
+            Image.fromarray(np.where(np.asarray(mask) > 0, 255, background_alpha).astype(np.uint8))
+        )
     return image
 
 
-def write_image(upright: Image.Image, path: Path, variant: Variant, rng: np.random.Generator) -> None:
+def write_image(
+    upright: Image.Image, path: Path, variant: Variant, rng: np.random.Generator
+) -> None:
     if variant.ext == "png":
         upright.save(path, format="PNG")
         return
@@ -121,16 +141,26 @@ def write_image(upright: Image.Image, path: Path, variant: Variant, rng: np.rand
     orientation = int(rng.choice([3, 6, 8]))
     exif = Image.Exif()
     exif[0x0112] = orientation
-    upright.transpose(STORE_ROTATION[orientation]).save(path, format="JPEG", quality=quality, exif=exif)
+    upright.transpose(STORE_ROTATION[orientation]).save(
+        path, format="JPEG", quality=quality, exif=exif
+    )
 
 
 def write_csv(csv_path: Path, outdir: Path, files: list[Path]) -> None:
     csv_path.parent.mkdir(parents=True, exist_ok=True)
     with open(csv_path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")  # "\n" keeps the bytes platform-independent
+        writer = csv.writer(
+            handle, lineterminator="\n"
+        )  # "\n" keeps the bytes platform-independent
         writer.writerow(["path", "label", "shape_id"])
         for path in files:
-            writer.writerow([path.relative_to(outdir).as_posix(), path.parent.name, CLASSES.index(path.parent.name)])
+            writer.writerow(
+                [
+                    path.relative_to(outdir).as_posix(),
+                    path.parent.name,
+                    CLASSES.index(path.parent.name),
+                ]
+            )
 
 
 def validate(per_class: int, size_range: tuple[int, int]) -> None:
@@ -174,7 +204,11 @@ def make_demo_data(
 def remove_for_force(outdir: Path) -> None:
     resolved = outdir.resolve()
     cwd = Path.cwd().resolve()
-    if resolved in (cwd, *cwd.parents, Path.home().resolve()):  # a typo must not wipe a home or a repo
+    if resolved in (
+        cwd,
+        *cwd.parents,
+        Path.home().resolve(),
+    ):  # a typo must not wipe a home or a repo
         raise ValueError(f"refusing to delete {outdir} with --force")
     if resolved.is_dir():
         shutil.rmtree(resolved)
@@ -185,22 +219,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--per-class", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size-range", type=int, nargs=2, default=(40, 160), metavar=("MIN", "MAX"))
+    parser.add_argument(
+        "--size-range", type=int, nargs=2, default=(40, 160), metavar=("MIN", "MAX")
+    )
     parser.add_argument("--csv", type=Path, default=None, help="also write path,label,shape_id")
-    parser.add_argument("--force", action="store_true", help="delete and recreate a non-empty OUTDIR")
+    parser.add_argument(
+        "--force", action="store_true", help="delete and recreate a non-empty OUTDIR"
+    )
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     try:
         validate(args.per_class, tuple(args.size_range))  # before --force deletes anything
         if args.force:
             remove_for_force(args.outdir)
-        files = make_demo_data(args.outdir, args.per_class, args.seed, tuple(args.size_range), args.csv)
+        files = make_demo_data(
+            args.outdir, args.per_class, args.seed, tuple(args.size_range), args.csv
+        )
     except (ValueError, FileExistsError) as error:
         print(f"make_demo_data: error: {error}", file=sys.stderr)
         return 2
     if not args.quiet:
         total_bytes = sum(path.stat().st_size for path in files)
-        print(f"wrote {len(files)} files in {len(CLASSES)} classes, {total_bytes} bytes -> {args.outdir}")
+        print(
+            f"wrote {len(files)} files in {len(CLASSES)} classes, {total_bytes} bytes -> {args.outdir}"
+        )
     return 0
 
 

@@ -12,8 +12,13 @@ from PIL import Image
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
-def image_bytes(size: tuple[int, int] = (32, 24), fmt: str = "JPEG", seed: int = 0,
-                mode: str = "RGB", **save: object) -> bytes:
+def image_bytes(
+    size: tuple[int, int] = (32, 24),
+    fmt: str = "JPEG",
+    seed: int = 0,
+    mode: str = "RGB",
+    **save: object,
+) -> bytes:
     """Real encoded image bytes: (width, height) of seeded noise in ``mode``."""
     rng = np.random.default_rng(seed)
     channels = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}[mode]
@@ -26,7 +31,9 @@ def image_bytes(size: tuple[int, int] = (32, 24), fmt: str = "JPEG", seed: int =
 
 def write_image(path: Path, **kwargs: object) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".webp": "WEBP", ".bmp": "BMP"}[path.suffix]
+    fmt = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".webp": "WEBP", ".bmp": "BMP"}[
+        path.suffix
+    ]
     path.write_bytes(image_bytes(fmt=str(kwargs.pop("fmt", fmt)), **kwargs))  # type: ignore[arg-type]
     return path
 
@@ -56,5 +63,7 @@ def store_path(tmp_path: Path, backend: str, name: str = "out") -> Path:
 def corpus_dir() -> Path:
     corpus = SHARED / "corpus" / "pillow-odd"
     if not corpus.is_dir():
-        pytest.skip(f"shared corpus not found at {corpus} (it ships beside the project, not with it)")
+        pytest.skip(
+            f"shared corpus not found at {corpus} (it ships beside the project, not with it)"
+        )
     return corpus

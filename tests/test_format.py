@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from packer.errors import IncompleteStoreError, ManifestError
-from packer.manifest import FORMAT_VERSION, Manifest, ShardInfo, Storage, read_manifest, write_manifest
+from packer.manifest import (
+    FORMAT_VERSION,
+    Manifest,
+    ShardInfo,
+    Storage,
+    read_manifest,
+    write_manifest,
+)
 from packer.record import Record, checksum, pack_value, unpack_value
 
 
@@ -21,13 +28,23 @@ def test_record_value_round_trip_with_zero_copy_payload() -> None:
     assert isinstance(back.data, memoryview) and back.data.obj is value  # a slice, not a copy
     assert bytes(back.data) == payload
     assert (back.labels, back.path, back.crc32, back.shape, back.format) == (
-        (3, -1), "a/b c/ü.jpg", record.crc32, (4, 5, 3), "JPEG")
+        (3, -1),
+        "a/b c/ü.jpg",
+        record.crc32,
+        (4, 5, 3),
+        "JPEG",
+    )
 
 
 @pytest.mark.parametrize(
     "value",
-    [b"", b"\x01\x00", struct.pack("<I", 1 << 30) + b"xx", struct.pack("<I", 3) + b"\xc1\xc1\xc1",
-     struct.pack("<I", 1) + b"\x01payload"],
+    [
+        b"",
+        b"\x01\x00",
+        struct.pack("<I", 1 << 30) + b"xx",
+        struct.pack("<I", 3) + b"\xc1\xc1\xc1",
+        struct.pack("<I", 1) + b"\x01payload",
+    ],
 )
 def test_damaged_record_values_raise_value_error(value: bytes) -> None:
     with pytest.raises(ValueError):
@@ -36,10 +53,19 @@ def test_damaged_record_values_raise_value_error(value: bytes) -> None:
 
 def _manifest(**changes: object) -> Manifest:
     fields: dict[str, object] = dict(
-        backend="lmdb", num_records=3,
-        shards=[ShardInfo("shard-00000.lmdb", 2, 10, "ab", 5), ShardInfo("shard-00001.lmdb", 1, 10, "cd", 5)],
-        storage=Storage("original", "RGB"), label_source="none", label_columns=[], seed=7,
-        shuffled=True, packer_version="0.1.0", created="now",
+        backend="lmdb",
+        num_records=3,
+        shards=[
+            ShardInfo("shard-00000.lmdb", 2, 10, "ab", 5),
+            ShardInfo("shard-00001.lmdb", 1, 10, "cd", 5),
+        ],
+        storage=Storage("original", "RGB"),
+        label_source="none",
+        label_columns=[],
+        seed=7,
+        shuffled=True,
+        packer_version="0.1.0",
+        created="now",
     )
     fields.update(changes)
     return Manifest(**fields)  # type: ignore[arg-type]
@@ -51,7 +77,11 @@ def test_manifest_round_trip_and_shard_starts(tmp_path: Path) -> None:
     assert back == _manifest()
     assert back.shard_starts() == [0, 2]
     assert list(json.loads((tmp_path / "manifest.json").read_text()))[:4] == [
-        "format", "format_version", "backend", "num_records"]
+        "format",
+        "format_version",
+        "backend",
+        "num_records",
+    ]
 
 
 def _write_raw(tmp_path: Path, data: object) -> Path:
@@ -67,13 +97,27 @@ def _write_raw(tmp_path: Path, data: object) -> Path:
         ({"backend": "zip"}, "unknown backend 'zip'"),
         ({"num_records": 4}, "do not add up"),
         ({"num_records": 10**18}, "absurd record count"),
-        ({"shards": [{"file": "../../etc/passwd", "num_records": 3, "bytes": 1, "sha256": "", "payload_bytes": 1}]},
-         "not a plain shard file name"),
+        (
+            {
+                "shards": [
+                    {
+                        "file": "../../etc/passwd",
+                        "num_records": 3,
+                        "bytes": 1,
+                        "sha256": "",
+                        "payload_bytes": 1,
+                    }
+                ]
+            },
+            "not a plain shard file name",
+        ),
         ({"shards": [{"file": "shard-00000.lmdb"}]}, "malformed manifest"),
         ({"storage": None}, "malformed manifest"),
     ],
 )
-def test_hostile_manifests_get_clear_errors(tmp_path: Path, change: dict[str, object], message: str) -> None:
+def test_hostile_manifests_get_clear_errors(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
     data = _manifest().to_json()
     data.update(change)
     with pytest.raises(ManifestError, match=message):

@@ -7,9 +7,9 @@ from functools import partial
 
 import numpy as np
 import pytest
+from conftest import image_bytes
 from PIL import Image
 
-from conftest import image_bytes
 from packer import imaging
 
 # What a viewer shows for each EXIF orientation, written with NumPy (independent of Pillow).
@@ -109,8 +109,13 @@ def test_truncated_jpeg_passes_probe_but_not_decode() -> None:
         ((300, 200), None, (64, 32), "stretch", (32, 64)),
     ],
 )
-def test_resize_geometry(size: tuple[int, int], max_side: int | None,
-                         exact: tuple[int, int] | None, fit: str, expected: tuple[int, int]) -> None:
+def test_resize_geometry(
+    size: tuple[int, int],
+    max_side: int | None,
+    exact: tuple[int, int] | None,
+    fit: str,
+    expected: tuple[int, int],
+) -> None:
     im = Image.new("RGB", size, (200, 100, 50))
     assert imaging.resize(im, max_side, exact, fit).size == expected
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import store_path, write_image
 from PIL import Image, ImageOps
 
-from conftest import store_path, write_image
 from packer import PackOptions, pack, read_manifest
 from packer.access import open_store
 from packer.errors import PackerError, StoreError, StoreExistsError
@@ -27,7 +27,9 @@ def _options(backend: str, **kwargs: object) -> PackOptions:
     return PackOptions(backend=backend, **kwargs)  # type: ignore[arg-type]
 
 
-def test_round_trip_every_image_exactly_once_bytes_identical(image_dir: Path, tmp_path: Path, backend: str) -> None:
+def test_round_trip_every_image_exactly_once_bytes_identical(
+    image_dir: Path, tmp_path: Path, backend: str
+) -> None:
     out = store_path(tmp_path, backend)
     result = pack(image_dir, out, _options(backend))
     sources = {p.relative_to(image_dir).as_posix(): p.read_bytes() for p in image_dir.rglob("*.*")}
@@ -156,7 +158,9 @@ def _check_global_index(out: Path) -> None:
             assert store.record(i).path == in_order[i]
 
 
-def test_manifest_records_how_the_store_was_made(image_dir: Path, tmp_path: Path, backend: str) -> None:
+def test_manifest_records_how_the_store_was_made(
+    image_dir: Path, tmp_path: Path, backend: str
+) -> None:
     out = store_path(tmp_path, backend)
     pack(image_dir, out, _options(backend, seed=42))
     m = read_manifest(out)
@@ -182,7 +186,9 @@ def test_existing_output_is_refused_unless_overwrite(image_dir: Path, tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "out.lmdb"]
 
 
-def test_overwrite_never_deletes_a_folder_that_is_not_a_store(image_dir: Path, tmp_path: Path) -> None:
+def test_overwrite_never_deletes_a_folder_that_is_not_a_store(
+    image_dir: Path, tmp_path: Path
+) -> None:
     precious = tmp_path / "precious.lmdb"
     write_image(precious / "photo.jpg")
     with pytest.raises(StoreExistsError, match="not a packer store; refusing"):
@@ -195,7 +201,9 @@ def test_output_inside_source_is_refused(image_dir: Path) -> None:
         pack(image_dir, image_dir / "out.lmdb", _options("lmdb"))
 
 
-def test_stale_partial_is_replaced_but_a_live_one_is_respected(image_dir: Path, tmp_path: Path) -> None:
+def test_stale_partial_is_replaced_but_a_live_one_is_respected(
+    image_dir: Path, tmp_path: Path
+) -> None:
     import fcntl
 
     out = tmp_path / "out.lmdb"

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import write_image
+
 from packer.errors import EmptySourceError, LabelsError, SourceError
 from packer.source import load_source
 
@@ -78,8 +78,11 @@ def _csv(tmp_path: Path, text: str, name: str = "labels.csv") -> Path:
 
 
 def test_csv_string_and_integer_columns(image_dir: Path, tmp_path: Path) -> None:
-    table = _csv(tmp_path, "file,species,weight\ndog/dog_1.jpg,canine,7\ncat/cat_0.png,feline,-3\n"
-                 "eel/eel_2.jpg,fish,7\n")
+    table = _csv(
+        tmp_path,
+        "file,species,weight\ndog/dog_1.jpg,canine,7\ncat/cat_0.png,feline,-3\n"
+        "eel/eel_2.jpg,fish,7\n",
+    )
     src = load_source(image_dir, table)
     assert src.label_source == "csv"
     assert [c.name for c in src.columns] == ["species", "weight"]
@@ -101,7 +104,10 @@ def test_tsv_with_chosen_columns(image_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("path,label\ncat/none.jpg,a\ncat/cat_1.jpg,b\n", r"names 1 file\(s\) that do not exist.*cat/none.jpg"),
+        (
+            "path,label\ncat/none.jpg,a\ncat/cat_1.jpg,b\n",
+            r"names 1 file\(s\) that do not exist.*cat/none.jpg",
+        ),
         ("path,label\n../secret.jpg,a\n", r"labels.csv:2: path '../secret.jpg' is not inside"),
         ("path,label\n/etc/passwd,a\n", "is not inside the source folder"),
         ("path,label\ncat/cat_1.jpg,a\ncat/./cat_1.jpg,b\n", "listed twice"),

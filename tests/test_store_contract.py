@@ -23,8 +23,16 @@ def _records(n: int, seed: int = 0, shape: tuple[int, int, int] | None = None) -
     for i in range(n):
         size = int(np.prod(shape)) if shape else int(rng.integers(0, 5000))
         data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        out.append(Record(data, (i % 3, int(rng.integers(-9, 9))), f"dir/ü {i}.jpg", checksum(data),
-                          shape or (i + 1, i + 2, 3), "raw" if shape else ("JPEG", "PNG")[i % 2]))
+        out.append(
+            Record(
+                data,
+                (i % 3, int(rng.integers(-9, 9))),
+                f"dir/ü {i}.jpg",
+                checksum(data),
+                shape or (i + 1, i + 2, 3),
+                "raw" if shape else ("JPEG", "PNG")[i % 2],
+            )
+        )
     return out
 
 
@@ -37,7 +45,13 @@ def _write(backend: str, path: Path, records: list[Record], meta: ShardMeta) -> 
 
 def _same(a: Record, b: Record) -> bool:
     return (bytes(a.data), a.labels, a.path, a.crc32, a.shape, a.format) == (
-        bytes(b.data), b.labels, b.path, b.crc32, b.shape, b.format)
+        bytes(b.data),
+        b.labels,
+        b.path,
+        b.crc32,
+        b.shape,
+        b.format,
+    )
 
 
 @pytest.mark.parametrize("n", [0, 1, 257])
@@ -109,7 +123,7 @@ def test_hdf5_shard_opens_with_h5py_and_pytables(tmp_path: Path) -> None:
     _write("hdf5", path, records, ShardMeta(0, 2))
     with h5py.File(path, "r") as f:
         offsets = f["offsets"][:]
-        assert bytes(f["data"][offsets[7]:offsets[8]]) == bytes(records[7].data)
+        assert bytes(f["data"][offsets[7] : offsets[8]]) == bytes(records[7].data)
         assert f["paths"].asstr()[7] == records[7].path
         assert json.loads(f.attrs["packer"])["num_records"] == 20
     with tables.open_file(str(path)) as t:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from packer.store.base import ShardMeta, ShardReader, ShardWriter
@@ -20,10 +21,12 @@ __all__ = [
     "shard_name",
 ]
 
-BACKENDS = {
-    "lmdb": (LmdbShardWriter, LmdbShardReader),
-    "hdf5": (Hdf5ShardWriter, Hdf5ShardReader),
+_WRITERS: dict[str, Callable[..., ShardWriter]] = {"lmdb": LmdbShardWriter, "hdf5": Hdf5ShardWriter}
+_READERS: dict[str, Callable[[Path], ShardReader]] = {
+    "lmdb": LmdbShardReader,
+    "hdf5": Hdf5ShardReader,
 }
+BACKENDS = tuple(_WRITERS)
 SUFFIXES = {"lmdb": ".lmdb", "hdf5": ".h5"}
 _BACKEND_OF_SUFFIX = {".lmdb": "lmdb", ".mdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5"}
 
@@ -38,8 +41,8 @@ def shard_name(backend: str, index: int) -> str:
 
 
 def open_shard_writer(backend: str, path: Path, meta: ShardMeta, **options: int) -> ShardWriter:
-    return BACKENDS[backend][0](path, meta, **options)  # type: ignore[no-any-return]
+    return _WRITERS[backend](path, meta, **options)
 
 
 def open_shard_reader(backend: str, path: Path) -> ShardReader:
-    return BACKENDS[backend][1](path)  # type: ignore[no-any-return]
+    return _READERS[backend](path)

@@ -34,7 +34,11 @@ __all__ = ["Hdf5ShardWriter", "Hdf5ShardReader"]
 
 _CHUNK_BYTES = 1 << 20  # HDF5 chunk of the payload dataset
 _FLUSH_BYTES = 16 << 20  # payload bytes buffered in memory between writes
-_COMPRESSION = {None: {}, "gzip": {"compression": "gzip", "compression_opts": 4}, "lzf": {"compression": "lzf"}}
+_COMPRESSION: dict[str | None, dict[str, Any]] = {
+    None: {},
+    "gzip": {"compression": "gzip", "compression_opts": 4},
+    "lzf": {"compression": "lzf"},
+}
 
 
 class Hdf5ShardWriter:
@@ -51,13 +55,23 @@ class Hdf5ShardWriter:
             h, w, c = meta.raw_shape
             rows = max(1, _CHUNK_BYTES // (h * w * c))
             self._payloads = self._file.create_dataset(
-                "images", (0, h, w, c), np.uint8, maxshape=(None, h, w, c),
-                chunks=(rows, h, w, c), track_times=False, **filters,
+                "images",
+                (0, h, w, c),
+                np.uint8,
+                maxshape=(None, h, w, c),
+                chunks=(rows, h, w, c),
+                track_times=False,
+                **filters,
             )
         else:
             self._payloads = self._file.create_dataset(
-                "data", (0,), np.uint8, maxshape=(None,), chunks=(_CHUNK_BYTES,),
-                track_times=False, **filters,
+                "data",
+                (0,),
+                np.uint8,
+                maxshape=(None,),
+                chunks=(_CHUNK_BYTES,),
+                track_times=False,
+                **filters,
             )
         self._buffer: list[bytes | memoryview] = []
         self._buffer_bytes = 0
@@ -106,7 +120,9 @@ class Hdf5ShardWriter:
         labels = np.array(self._labels, np.int64).reshape(n, self.meta.num_label_columns)
         f.create_dataset("labels", data=labels, track_times=False)
         f.create_dataset("crc32", data=np.array(self._crc32, np.uint32), track_times=False)
-        f.create_dataset("shapes", data=np.array(self._shapes, np.int32).reshape(n, 3), track_times=False)
+        f.create_dataset(
+            "shapes", data=np.array(self._shapes, np.int32).reshape(n, 3), track_times=False
+        )
         names = sorted(set(self._formats))
         codes = {name: i for i, name in enumerate(names)}
         f.create_dataset(

@@ -1,0 +1,158 @@
+"""The `packer` command: through click's runner, and as a real process for signals and pipes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import write_image
+
+from packer.cli import cli
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("command", ["pack", "inspect"])
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    code, out, _ = run(command, "--help")
+    assert code == 0 and "Example:" in out and f"packer {command}" in out
+
+
+def test_pack_then_inspect_text_and_json(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.lmdb"
+    code, text, _ = run("pack", str(image_dir), str(out), "--seed", "3", "--workers", "2")
+    assert code == 0, text
+    assert text.startswith(f"packed 21 images into {out} (lmdb, 1 shard,")
+    code, text, _ = run("inspect", str(out))
+    assert code == 0
+    assert "records   21 in 1 shard(s)" in text and "seed 3" in text
+    for name in ("cat", "dog", "eel"):
+        assert f"    {name}         7  " in text
+    code, text, _ = run("inspect", str(out), "--json")
+    data = json.loads(text)
+    assert data["ok"] is True and data["manifest"]["num_records"] == 21
+    assert data["manifest"]["label_columns"][0]["classes"] == ["cat", "dog", "eel"]
+
+
+def test_pack_json_summary(image_dir: Path, tmp_path: Path) -> None:
+    code, text, _ = run(
+        "pack", str(image_dir), str(tmp_path / "o.h5"), "--json", "--shards", "2", "--workers", "2"
+    )
+    data = json.loads(text)
+    assert code == 0 and data["backend"] == "hdf5" and data["packed"] == 21 and data["shards"] == 2
+    assert data["skipped"] == 0 and data["images_per_s"] > 0
+
+
+def test_skipped_files_are_listed_in_the_summary(image_dir: Path, tmp_path: Path) -> None:
+    (image_dir / "cat" / "notes.txt").write_text("not an image")
+    code, text, _ = run("pack", str(image_dir), str(tmp_path / "o.lmdb"), "--workers", "2")
+    assert code == 0
+    assert "skipped 1 files:" in text
+    assert "  cat/notes.txt: not an image (Pillow cannot identify it)" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["out.zip"], "name it .lmdb or .h5, or pass --backend"),
+        (["out.lmdb", "--size", "big"], "size 'big' not understood"),
+        (["out.lmdb", "--shard-size", "lots"], "size 'lots' not understood"),
+        (["out.lmdb", "--raw", "--encode", "png"], "cannot be combined with --encode"),
+        (["out.lmdb", "--compression", "gzip"], "HDF5 stores only"),
+    ],
+)
+def test_bad_option_values_get_one_line_errors(
+    image_dir: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    code, _, err = run("pack", str(image_dir), str(tmp_path / args[0]), *args[1:])
+    assert code == 1
+    assert err.strip().splitlines() == [err.strip()] and message in err
+
+
+def test_inspect_reports_a_missing_shard(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.lmdb"
+    run("pack", str(image_dir), str(out), "--shards", "2", "--workers", "2")
+    (out / "shard-00001.lmdb").unlink()
+    code, _, err = run("inspect", str(out))
+    assert code == 1 and "PROBLEM   shard-00001.lmdb: missing" in err
+    code, text, _ = run("inspect", str(out), "--json")
+    assert code == 1 and json.loads(text)["problems"] == ["shard-00001.lmdb: missing"]
+
+
+def test_inspect_of_nothing(tmp_path: Path) -> None:
+    code, _, err = run("inspect", str(tmp_path / "nope.lmdb"))
+    assert code == 1 and err.strip() == f"Error: {tmp_path / 'nope.lmdb'}: no such store"
+
+
+def test_real_process_piped_output_has_no_progress_bar(image_dir: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "packer",
+            "pack",
+            str(image_dir),
+            str(tmp_path / "o.h5"),
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # quiet when piped
+    assert proc.stdout.startswith("packed 21 images")
+
+
+@pytest.fixture
+def slow_source(tmp_path: Path) -> Path:
+    """Enough work (PNG re-encoding on one worker) that a pack runs for seconds."""
+    root = tmp_path / "slow"
+    for i in range(300):
+        write_image(root / f"c{i % 3}" / f"{i}.png", size=(160, 160), seed=i)
+    return root
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_pack_leaves_no_store(
+    slow_source: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    out = tmp_path / "o.lmdb"
+    partial = tmp_path / "o.lmdb.partial"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "packer",
+            "pack",
+            str(slow_source),
+            str(out),
+            "--encode",
+            "png",
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(partial.glob("shard-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the pack ended before it could be interrupted"
+    time.sleep(0.3)  # well into writing the shard
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert f"interrupted: nothing was written to {out}" in err
+    assert not out.exists() and not partial.exists()
