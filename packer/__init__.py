@@ -8,6 +8,8 @@ from packer.errors import PackerError  # noqa: E402
 from packer.manifest import Manifest, read_manifest  # noqa: E402
 from packer.options import PackOptions  # noqa: E402
 from packer.pack import PackResult, pack  # noqa: E402
+from packer.access import Store, open_store  # noqa: E402
+from packer.reader import Reader, open_reader  # noqa: E402
 
 __all__ = [
     "__version__",

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from packer.record import Block, Record
 
 __all__ = ["ShardMeta", "ShardWriter", "ShardReader"]
@@ -44,8 +46,12 @@ class ShardReader(Protocol):
 
     def __len__(self) -> int: ...
 
-    def read_block(self, start: int, stop: int) -> Block:
-        """Records ``start`` to ``stop`` (exclusive) in one sequential pass."""
+    def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
+        """Records ``start`` to ``stop`` (exclusive) in one sequential pass.
+
+        ``out``: for raw pixels of one shape, an (n, h, w, c) uint8 array to read the
+        payloads into (the block's ``data`` is then a view of it), saving a copy.
+        """
 
     def read_record(self, index: int) -> Record: ...
 

@@ -174,12 +174,16 @@ class Hdf5ShardReader:
     def __len__(self) -> int:
         return self._len
 
-    def read_block(self, start: int, stop: int) -> Block:
+    def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         f = self._file
         data: list[bytes | memoryview] | np.ndarray
-        if self._raw:
+        if self._raw and out is not None:  # straight into the caller's buffer: no extra copy
+            data = out[: stop - start]
+            if stop > start:
+                f["images"].read_direct(data, np.s_[start:stop], np.s_[0 : stop - start])
+        elif self._raw:
             data = f["images"][start:stop]
         else:
             offsets = f["offsets"][start : stop + 1].astype(np.int64)

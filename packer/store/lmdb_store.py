@@ -120,21 +120,31 @@ class LmdbShardReader:
     def __len__(self) -> int:
         return self._len
 
-    def read_block(self, start: int, stop: int) -> Block:
+    def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         records = []
-        with self._env.begin() as txn:
+        # buffers=True: values are views of the map, valid inside this transaction; a
+        # payload is copied out once, into ``out`` or into its own bytes.
+        with self._env.begin(buffers=True) as txn:
             cursor = txn.cursor()
             if stop > start and not cursor.set_key(record_key(start)):
                 raise ValueError(f"{self.path}: record {start} is missing")
-            for expected in range(start, stop):
+            for row, expected in enumerate(range(start, stop)):
                 key, value = cursor.item()
                 if key != record_key(expected):
-                    raise ValueError(f"{self.path}: record {expected} is missing (found {key!r})")
-                records.append(unpack_value(value))
+                    raise ValueError(f"{self.path}: record {expected} is missing (found {bytes(key)!r})")
+                record = unpack_value(value)
+                if out is not None:
+                    out[row].reshape(-1)[:] = np.frombuffer(record.data, np.uint8)
+                else:
+                    record.data = bytes(record.data)
+                records.append(record)
                 cursor.next()
-        return _to_block(records, self.meta.get("num_label_columns", 0))
+        block = _to_block(records, self.meta.get("num_label_columns", 0))
+        if out is not None:
+            block.data = out[: stop - start]
+        return block
 
     def read_record(self, index: int) -> Record:
         if not 0 <= index < self._len:
@@ -143,7 +153,7 @@ class LmdbShardReader:
             value = txn.get(record_key(index))
         if value is None:
             raise ValueError(f"{self.path}: record {index} is missing")
-        return unpack_value(value)
+        return unpack_value(value)  # a view of ``value``, a bytes object of its own
 
     def close(self) -> None:
         self._env.close()

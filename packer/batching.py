@@ -1,0 +1,198 @@
+"""From spans of records to finished batches: read a window, gather a batch, finish it.
+
+    read_window (sequential reads) -> gather (one NumPy take per column) -> finish_batch
+                                                                         (verify, decode, collate)
+
+``read_window`` and ``gather`` run in the reader's producer thread; ``finish_batch`` runs in
+its pool of decode threads (zlib and Pillow release the GIL for the heavy part).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packer.access import Store, record_pixels
+from packer.epoch import Span
+from packer.errors import CorruptRecordError
+from packer.record import Record, checksum
+
+__all__ = ["Window", "Batch", "read_window", "gather", "concat", "finish_batch"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Window:
+    """The records of a few spans, column by column: the shuffle buffer's contents."""
+
+    data: np.ndarray | list[bytes | memoryview]  # (n, h, w, c) when every record has one shape
+    labels: np.ndarray  # (n, label columns)
+    paths: list[str]
+    crc32: np.ndarray
+    shapes: np.ndarray
+    formats: list[str]
+    shards: np.ndarray  # shard number of each record, for error messages
+    indices: np.ndarray  # global record index of each record
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclass
+class Batch:
+    images: np.ndarray | list[Any]
+    labels: np.ndarray  # (n,) for one label column, (n, k) for k columns, (n, 0) for none
+    paths: list[str]
+    skipped: int  # records dropped from this batch by on_error="skip"
+    nbytes: int  # payload bytes read for it
+
+
+def read_window(store: Store, spans: Sequence[Span], fixed_shape: Sequence[int] | None) -> Window:
+    """Read ``spans`` (one sequential read each) into one Window."""
+    total = sum(len(s) for s in spans)
+    out = np.empty((total, *fixed_shape), np.uint8) if fixed_shape else None
+    starts = store.manifest.shard_starts()
+    blocks, row = [], 0
+    for span in spans:
+        target = out[row : row + len(span)] if out is not None else None
+        blocks.append(store.shard(span.shard).read_block(span.start, span.stop, out=target))
+        row += len(span)
+    data: np.ndarray | list[bytes | memoryview]
+    if out is not None:
+        data = out
+    else:
+        data = [payload for block in blocks for payload in block.data]
+    return Window(
+        data=data,
+        labels=np.concatenate([b.labels for b in blocks]) if blocks else np.zeros((0, 0), np.int64),
+        paths=[p for b in blocks for p in b.paths],
+        crc32=np.concatenate([b.crc32 for b in blocks]) if blocks else np.zeros(0, np.uint32),
+        shapes=np.concatenate([b.shapes for b in blocks]) if blocks else np.zeros((0, 3), np.int32),
+        formats=[f for b in blocks for f in b.formats],
+        shards=np.concatenate([np.full(len(s), s.shard) for s in spans]) if spans else np.zeros(0, int),
+        indices=np.concatenate([np.arange(starts[s.shard] + s.start, starts[s.shard] + s.stop) for s in spans])
+        if spans
+        else np.zeros(0, int),
+    )
+
+
+def gather(window: Window, order: np.ndarray) -> Window:
+    """The records at positions ``order`` of ``window``, as a new Window (one copy per column)."""
+    data: np.ndarray | list[bytes | memoryview]
+    if isinstance(window.data, np.ndarray):
+        data = np.take(window.data, order, axis=0)
+    else:
+        data = [window.data[i] for i in order]
+    return Window(
+        data=data,
+        labels=window.labels[order],
+        paths=[window.paths[i] for i in order],
+        crc32=window.crc32[order],
+        shapes=window.shapes[order],
+        formats=[window.formats[i] for i in order],
+        shards=window.shards[order],
+        indices=window.indices[order],
+    )
+
+
+def concat(parts: Sequence[Window]) -> Window:
+    """One Window of ``parts`` back to back (a batch that spans two shuffle windows)."""
+    if len(parts) == 1:
+        return parts[0]
+    arrays = all(isinstance(p.data, np.ndarray) for p in parts)
+    return Window(
+        data=np.concatenate([p.data for p in parts]) if arrays else [d for p in parts for d in p.data],
+        labels=np.concatenate([p.labels for p in parts]),
+        paths=[x for p in parts for x in p.paths],
+        crc32=np.concatenate([p.crc32 for p in parts]),
+        shapes=np.concatenate([p.shapes for p in parts]),
+        formats=[x for p in parts for x in p.formats],
+        shards=np.concatenate([p.shards for p in parts]),
+        indices=np.concatenate([p.indices for p in parts]),
+    )
+
+
+def finish_batch(
+    window: Window,
+    *,
+    store: Store,
+    decode: bool,
+    mode: str,
+    verify: bool,
+    on_error: str,
+    transform: Callable[[np.ndarray], Any] | None,
+    collate: Callable[[list[Any]], Any] | None,
+) -> Batch:
+    """Verify checksums, decode, transform and collate one gathered batch.
+
+    A bad record raises CorruptRecordError naming store, shard, record and original path,
+    or with ``on_error="skip"`` is logged, counted and left out of the batch.
+    """
+    images: list[Any] = []
+    keep: list[int] = []
+    for i in range(len(window)):
+        try:
+            images.append(_one_image(window, i, decode, mode, verify, transform))
+            keep.append(i)
+        except Exception as e:  # name the record it concerns, whatever went wrong
+            reason = str(e) if isinstance(e, _Damaged) else f"does not decode: {type(e).__name__}: {e}"
+            error = CorruptRecordError(
+                str(store.path),
+                store.manifest.shards[int(window.shards[i])].file,
+                int(window.indices[i]),
+                window.paths[i],
+                reason,
+            )
+            if on_error != "skip":
+                raise error from e
+            log.warning("skipped %s", error)
+    labels = window.labels[keep] if len(keep) != len(window) else window.labels
+    if labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if collate is not None:
+        stacked: np.ndarray | list[Any] = collate(images)
+    elif isinstance(window.data, np.ndarray) and transform is None and len(keep) == len(window):
+        stacked = window.data  # already one (n, h, w, c) array: no copy
+    else:
+        stacked = _stack(images)
+    nbytes = window.data.nbytes if isinstance(window.data, np.ndarray) else sum(len(d) for d in window.data)
+    return Batch(stacked, labels, [window.paths[i] for i in keep], len(window) - len(keep), nbytes)
+
+
+def _one_image(
+    window: Window,
+    i: int,
+    decode: bool,
+    mode: str,
+    verify: bool,
+    transform: Callable[[np.ndarray], Any] | None,
+) -> Any:
+    payload = window.data[i]
+    if verify and checksum(payload) != int(window.crc32[i]):  # type: ignore[arg-type]
+        raise _Damaged("checksum mismatch (the stored bytes are damaged)")
+    if isinstance(payload, np.ndarray):
+        image: Any = payload
+    elif decode or window.formats[i] == "raw":
+        h, w, c = (int(v) for v in window.shapes[i])
+        image = record_pixels(Record(payload, (), window.paths[i], 0, (h, w, c), window.formats[i]), mode)
+    else:
+        image = bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
+    return transform(image) if transform is not None else image
+
+
+class _Damaged(Exception):
+    """A payload that fails its checksum."""
+
+
+def _stack(images: list[Any]) -> np.ndarray | list[Any]:
+    """One array when every image is an array of one shape, else the list as it is."""
+    if images and all(isinstance(im, np.ndarray) for im in images):
+        first = images[0].shape
+        if all(im.shape == first for im in images):
+            return np.stack(images)
+    return images

@@ -1,0 +1,378 @@
+"""``open_reader``: batches from a store, read sequentially, reshuffled locally, prefetched.
+
+    epoch plan (pure) -> read_window -> gather -> finish_batch (threads) -> [to torch / GPU]
+                                                                          -> Prefetcher queue -> you
+
+The producer side (reading, gathering, GPU copies) runs in one background thread; checks,
+decoding and transforms run in a pool of ``workers`` threads; the training loop only takes
+finished batches off a bounded queue. Store handles are opened lazily in the process that
+reads, so a Reader pickles as its path and options and works in DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packer import epoch as plan
+from packer.access import Store
+from packer.batching import Batch, Window, concat, finish_batch, gather, read_window
+from packer.errors import UsageError
+from packer.manifest import read_manifest
+from packer.prefetch import Prefetcher
+
+__all__ = ["ReaderOptions", "Reader", "open_reader"]
+
+log = logging.getLogger(__name__)
+
+_CHUNK_BYTES = 32 << 20  # default chunk: about this many payload bytes per sequential read
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    chunk_size: int | None = None  # None: about 32 MB of payload, and at least 64 chunks
+    buffer_chunks: int = 8
+    prefetch: int = 4
+    workers: int | None = None  # decode threads; None: all cores
+    decode: bool = True
+    transform: Callable[[Any], Any] | None = None
+    collate: Callable[[list[Any]], Any] | None = None
+    drop_last: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    remainder: str = "drop"  # when records don't divide among ranks: drop / pad / uneven
+    on_error: str = "raise"
+    verify: bool = True
+    mode: str | None = None  # colour mode to decode to; None: the store's own
+    output: str = "numpy"  # or "torch"
+    pin_memory: bool = False
+    device: str | None = None
+    with_paths: bool = False
+    worker: tuple[int, int] | None = None  # (id, count) inside a DataLoader; set by packer.torch
+
+    def __post_init__(self) -> None:
+        positive = ("batch_size", "buffer_chunks", "prefetch", "chunk_size", "workers")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        choices = {"on_error": ("raise", "skip"), "output": ("numpy", "torch"),
+                   "remainder": plan.REMAINDERS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise UsageError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        if (self.pin_memory or self.device) and self.output != "torch":
+            raise UsageError("pin_memory and device need output='torch'")
+
+
+def open_reader(path: Path | str, *, batch_size: int, **options: Any) -> Reader:
+    """Open a store for training: an iterable of (images, labels) batches, one epoch per loop.
+
+    Example::
+
+        with open_reader("out.lmdb", batch_size=256, seed=0) as reader:
+            for epoch in range(90):
+                for images, labels in reader.epoch(epoch):
+                    train_step(images, labels)
+
+    See ``ReaderOptions`` and the README for every option.
+    """
+    return Reader(path, ReaderOptions(batch_size=batch_size, **options))
+
+
+class Reader:
+    """Iterates a store in batches. Not thread-safe: one epoch iterates at a time (starting
+    another stops the previous one). ``close()`` or ``with`` stops the background threads."""
+
+    def __init__(self, path: Path | str, options: ReaderOptions) -> None:
+        self.path = Path(path)
+        self.options = options
+        self.manifest = read_manifest(self.path)
+        self.rank, self.world_size = _rank_and_world(options.rank, options.world_size)
+        counts = [s.num_records for s in self.manifest.shards]
+        self.chunk_size = options.chunk_size or _default_chunk_size(self.manifest.stats, sum(counts))
+        self._chunks = plan.chunk_spans(counts, self.chunk_size)
+        self._store: Store | None = None
+        self._store_pid = -1
+        self._next_epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already delivered)
+        self._active: Prefetcher[Any] | None = None
+        self._position = (0, 0)  # (epoch, batches delivered in it)
+        self._counters = _Counters()
+
+    # -- the epoch plan ---------------------------------------------------------------
+
+    def _parts(self) -> tuple[int, int, int, int]:
+        worker, workers = self.options.worker or (0, 1)
+        return self.rank, self.world_size, worker, workers
+
+    def records_per_epoch(self) -> int:
+        """Records this reader yields per epoch (its rank's share, its worker's part of it)."""
+        rank, world, worker, workers = self._parts()
+        share = plan.share_size(self.manifest.num_records, world, rank, self.options.remainder)
+        return plan.share_size(share, workers, worker, "uneven")
+
+    def __len__(self) -> int:
+        n, b = self.records_per_epoch(), self.options.batch_size
+        return n // b if self.options.drop_last else math.ceil(n / b)
+
+    def _spans(self, epoch: int) -> list[plan.Span]:
+        rank, world, worker, workers = self._parts()
+        order = plan.shuffled_chunks(self._chunks, self.options.seed, epoch) if self.options.shuffle else self._chunks
+        mine = plan.take_share(order, rank, world, self.options.remainder)
+        return plan.take_share(mine, worker, workers, "uneven")
+
+    # -- iteration --------------------------------------------------------------------
+
+    def epoch(self, epoch: int) -> Iterator[tuple[Any, ...]]:
+        """The batches of ``epoch``: (images, labels), or (images, labels, paths) with with_paths."""
+        skip = 0
+        if self._resume is not None and self._resume[0] == epoch:
+            skip = self._resume[1]
+        self._resume = None
+        self._stop_active()
+        prefetcher: Prefetcher[Any] = Prefetcher(
+            partial(self._produce, epoch, skip), depth=self.options.prefetch, name="packer-prefetch"
+        )
+        self._active = prefetcher
+        self._position = (epoch, skip)
+        self._counters.start(prefetcher)
+        return self._consume(prefetcher, epoch, skip)
+
+    def _consume(self, prefetcher: Prefetcher[Any], epoch: int, delivered: int) -> Iterator[tuple[Any, ...]]:
+        try:
+            for item in prefetcher:
+                batch, ready = item
+                if ready is not None:
+                    ready()  # the training stream waits for this batch's copy to the GPU
+                delivered += 1
+                self._position = (epoch, delivered)
+                self._counters.add(batch)
+                yield (batch.images, batch.labels, batch.paths) if self.options.with_paths else (batch.images, batch.labels)
+            self._next_epoch = epoch + 1
+        finally:
+            self._counters.stop(prefetcher)
+            prefetcher.close()
+            if self._active is prefetcher:
+                self._active = None
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        """The next epoch (the first is 0, or the one a loaded state names)."""
+        epoch = self._resume[0] if self._resume is not None else self._next_epoch
+        return self.epoch(epoch)
+
+    def _open_store(self) -> Store:
+        if self._store is None or self._store_pid != os.getpid():
+            self._store = Store(self.path)
+            self._store_pid = os.getpid()
+        return self._store
+
+    def _produce(self, epoch: int, skip_batches: int) -> Iterator[tuple[Batch, Callable[[], None] | None]]:
+        """Runs in the prefetch thread: read, gather, hand batches to the decode pool."""
+        opts = self.options
+        store = self._open_store()
+        finish = partial(
+            finish_batch, store=store, decode=opts.decode, mode=opts.mode or self.manifest.storage.mode,
+            verify=opts.verify, on_error=opts.on_error, transform=opts.transform, collate=opts.collate,
+        )
+        mover = _gpu_mover(opts)
+        workers = opts.workers or _cores()
+        with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
+            pending: deque[Future[Batch]] = deque()
+            try:
+                for window in self._gathered(store, epoch, skip_batches * opts.batch_size):
+                    pending.append(pool.submit(finish, window))
+                    while len(pending) > workers:
+                        yield mover(pending.popleft().result())
+                while pending:
+                    yield mover(pending.popleft().result())
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def _gathered(self, store: Store, epoch: int, skip: int) -> Iterator[Window]:
+        """Batches of records in the epoch's order, not yet verified or decoded."""
+        opts = self.options
+        rank, world, worker, workers = self._parts()
+        stream = (opts.seed, epoch, rank, world, worker, workers)
+        fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
+        carry: list[Window] = []
+        carried = 0
+        for index, spans in enumerate(plan.windows(self._spans(epoch), opts.buffer_chunks)):
+            size = sum(len(s) for s in spans)
+            if skip >= size:  # resuming: whole windows before the resume point are not read
+                skip -= size
+                continue
+            window = read_window(store, spans, fixed)
+            order = plan.window_order(size, stream, index) if opts.shuffle else np.arange(size)
+            order = order[skip:]
+            skip = 0
+            start = 0
+            while start < len(order):
+                take = min(opts.batch_size - carried, len(order) - start)
+                carry.append(gather(window, order[start : start + take]))
+                carried += take
+                start += take
+                if carried == opts.batch_size:
+                    yield concat(carry)
+                    carry, carried = [], 0
+        if carry and not opts.drop_last:
+            yield concat(carry)
+
+    # -- resume, stats, lifetime ------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int]:
+        """Where iteration stands: load it into a new reader to resume at the next batch."""
+        epoch, delivered = self._position
+        if delivered >= len(self) and len(self) > 0:
+            epoch, delivered = epoch + 1, 0
+        return {"epoch": epoch, "batch": delivered, "seed": self.options.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("seed", self.options.seed) != self.options.seed:
+            raise UsageError(f"state was saved with seed {state['seed']}, this reader has seed {self.options.seed}")
+        self._resume = (int(state["epoch"]), int(state["batch"]))
+        self._next_epoch = int(state["epoch"])
+
+    def stats(self) -> dict[str, float]:
+        """Live figures of the current (or last) epoch: is training waiting for data?"""
+        return self._counters.snapshot(self._active)
+
+    def _stop_active(self) -> None:
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+
+    def close(self) -> None:
+        self._stop_active()
+        if self._store is not None and self._store_pid == os.getpid():
+            self._store.close()
+        self._store = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._stop_active()
+        except Exception:  # interpreter shutdown: the daemon threads go with it
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A reader travels to DataLoader workers as its path, options and position only.
+        return {"path": self.path, "options": self.options, "next_epoch": self._next_epoch, "resume": self._resume}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["options"])  # type: ignore[misc]
+        self._next_epoch = state["next_epoch"]
+        self._resume = state["resume"]
+
+    def with_options(self, **changes: Any) -> Reader:
+        """A new reader of the same store with some options changed."""
+        return Reader(self.path, replace(self.options, **changes))
+
+
+class _Counters:
+    """images/s, MB/s and the share of wall time the training loop spent waiting."""
+
+    def __init__(self) -> None:
+        self.batches = self.images = self.nbytes = self.skipped = 0
+        self.started = self.stopped = 0.0
+        self.wait_s = 0.0
+        self.queue_fill = 0.0
+
+    def start(self, prefetcher: Prefetcher[Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.started = time.perf_counter()
+
+    def add(self, batch: Batch) -> None:
+        self.batches += 1
+        self.images += len(batch.paths)
+        self.skipped += batch.skipped
+        self.nbytes += batch.nbytes
+
+    def stop(self, prefetcher: Prefetcher[Any]) -> None:
+        self.stopped = time.perf_counter()
+        figures = prefetcher.stats()
+        self.wait_s, self.queue_fill = figures["wait_s"], figures["queue_fill"]
+
+    def snapshot(self, active: Prefetcher[Any] | None) -> dict[str, float]:
+        end = time.perf_counter() if active is not None or not self.stopped else self.stopped
+        if active is not None:
+            figures = active.stats()
+            self.wait_s, self.queue_fill = figures["wait_s"], figures["queue_fill"]
+        elapsed = max(end - self.started, 1e-9) if self.started else 0.0
+        return {
+            "batches": self.batches,
+            "images": self.images,
+            "skipped": self.skipped,
+            "seconds": round(elapsed, 3),
+            "images_per_s": round(self.images / elapsed, 1) if elapsed else 0.0,
+            "mb_per_s": round(self.nbytes / 1e6 / elapsed, 1) if elapsed else 0.0,
+            "wait_s": round(self.wait_s, 3),
+            "wait_share": round(self.wait_s / elapsed, 3) if elapsed else 0.0,
+            "queue_fill": round(self.queue_fill, 2),
+        }
+
+
+def _gpu_mover(opts: ReaderOptions) -> Callable[[Batch], tuple[Batch, Callable[[], None] | None]]:
+    if opts.output != "torch":
+        return lambda batch: (batch, None)
+    from packer.torch_adapter import BatchMover
+
+    return BatchMover(opts.pin_memory, opts.device)
+
+
+def _rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
+    """Explicit values, else torch.distributed when initialised, else RANK / WORLD_SIZE."""
+    if rank is None or world is None:
+        found = _distributed()
+        if found is None:
+            found = (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+        rank = found[0] if rank is None else rank
+        world = found[1] if world is None else world
+    if not 0 <= rank < world:
+        raise UsageError(f"rank {rank} is out of range for world_size {world}")
+    return rank, world
+
+
+def _distributed() -> tuple[int, int] | None:
+    import sys
+
+    if "torch" not in sys.modules:  # never import torch just to ask
+        return None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _default_chunk_size(stats: dict[str, Any], num_records: int) -> int:
+    mean = (stats.get("payload_bytes") or {}).get("mean") or 100_000
+    by_bytes = max(1, int(_CHUNK_BYTES // max(mean, 1)))
+    return max(1, min(by_bytes, math.ceil(num_records / 64), 4096))
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
