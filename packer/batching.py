@@ -74,8 +74,12 @@ def read_window(store: Store, spans: Sequence[Span], fixed_shape: Sequence[int] 
         crc32=np.concatenate([b.crc32 for b in blocks]) if blocks else np.zeros(0, np.uint32),
         shapes=np.concatenate([b.shapes for b in blocks]) if blocks else np.zeros((0, 3), np.int32),
         formats=[f for b in blocks for f in b.formats],
-        shards=np.concatenate([np.full(len(s), s.shard) for s in spans]) if spans else np.zeros(0, int),
-        indices=np.concatenate([np.arange(starts[s.shard] + s.start, starts[s.shard] + s.stop) for s in spans])
+        shards=np.concatenate([np.full(len(s), s.shard) for s in spans])
+        if spans
+        else np.zeros(0, int),
+        indices=np.concatenate(
+            [np.arange(starts[s.shard] + s.start, starts[s.shard] + s.stop) for s in spans]
+        )
         if spans
         else np.zeros(0, int),
     )
@@ -106,7 +110,9 @@ def concat(parts: Sequence[Window]) -> Window:
         return parts[0]
     arrays = all(isinstance(p.data, np.ndarray) for p in parts)
     return Window(
-        data=np.concatenate([p.data for p in parts]) if arrays else [d for p in parts for d in p.data],
+        data=np.concatenate([p.data for p in parts])
+        if arrays
+        else [d for p in parts for d in p.data],
         labels=np.concatenate([p.labels for p in parts]),
         paths=[x for p in parts for x in p.paths],
         crc32=np.concatenate([p.crc32 for p in parts]),
@@ -140,7 +146,9 @@ def finish_batch(
             images.append(_one_image(window, i, decode, mode, verify, transform))
             keep.append(i)
         except Exception as e:  # name the record it concerns, whatever went wrong
-            reason = str(e) if isinstance(e, _Damaged) else f"does not decode: {type(e).__name__}: {e}"
+            reason = (
+                str(e) if isinstance(e, _Damaged) else f"does not decode: {type(e).__name__}: {e}"
+            )
             error = CorruptRecordError(
                 str(store.path),
                 store.manifest.shards[int(window.shards[i])].file,
@@ -160,7 +168,11 @@ def finish_batch(
         stacked = window.data  # already one (n, h, w, c) array: no copy
     else:
         stacked = _stack(images)
-    nbytes = window.data.nbytes if isinstance(window.data, np.ndarray) else sum(len(d) for d in window.data)
+    nbytes = (
+        window.data.nbytes
+        if isinstance(window.data, np.ndarray)
+        else sum(len(d) for d in window.data)
+    )
     return Batch(stacked, labels, [window.paths[i] for i in keep], len(window) - len(keep), nbytes)
 
 
@@ -179,7 +191,9 @@ def _one_image(
         image: Any = payload
     elif decode or window.formats[i] == "raw":
         h, w, c = (int(v) for v in window.shapes[i])
-        image = record_pixels(Record(payload, (), window.paths[i], 0, (h, w, c), window.formats[i]), mode)
+        image = record_pixels(
+            Record(payload, (), window.paths[i], 0, (h, w, c), window.formats[i]), mode
+        )
     else:
         image = bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
     return transform(image) if transform is not None else image

@@ -16,7 +16,7 @@ from packer import __version__
 from packer.check import StoreSummary, describe_store
 from packer.errors import PackerError, PackInterrupted, UsageError
 from packer.options import PackOptions, parse_hw, parse_size
-from packer.pack import PackResult, Progress, pack
+from packer.pack import PackResult, pack
 from packer.store import backend_for_path
 from packer.terminal import ProgressLine, bar, human_bytes
 
@@ -178,16 +178,12 @@ def pack_command(
         **kwargs,
     )
     line = ProgressLine(enabled=not quiet)
-    signal.signal(signal.SIGTERM, _interrupt)  # a kill leaves no store, as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill leaves no store, as Ctrl-C does
     try:
-        result = pack(
-            source,
-            output,
-            options,
-            progress=lambda p: line(p.stage, p.done, p.total) if isinstance(p, Progress) else None,
-        )
+        result = pack(source, output, options, progress=lambda p: line(p.stage, p.done, p.total))
     finally:
         line.finish()
+        signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
     elif not quiet:

@@ -73,7 +73,9 @@ def share_size(total: int, parts: int, part: int, remainder: str) -> int:
     return (part + 1) * total // parts - part * total // parts
 
 
-def take_share(spans: Sequence[Span], part: int, parts: int, remainder: str = "uneven") -> list[Span]:
+def take_share(
+    spans: Sequence[Span], part: int, parts: int, remainder: str = "uneven"
+) -> list[Span]:
     """The ``part``-th of ``parts`` contiguous runs of the records in ``spans``.
 
     remainder, when the records do not divide evenly:

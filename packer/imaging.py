@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ _KEPT_MODES = {"L", "LA", "RGB", "RGBA"}
 # Every format Pillow can open, except EPS, which runs Ghostscript on untrusted input.
 _BLOCKED_FORMATS = {"EPS"}
 _EXIF_ORIENTATION = 0x0112
+_EXIF_IN_HEADER = {"JPEG", "MPO", "TIFF", "WEBP"}
 
 Source = bytes | memoryview | str | os.PathLike[str]
 
@@ -58,21 +60,37 @@ def _open(source: Source, max_pixels: int) -> Image.Image:
     fp = io.BytesIO(source) if isinstance(source, (bytes, memoryview)) else source
     Image.init()
     formats = [f for f in Image.OPEN if f not in _BLOCKED_FORMATS]
-    im = Image.open(fp, formats=formats)
+    try:
+        im = Image.open(fp, formats=formats)
+    except Image.DecompressionBombError as e:  # Pillow's own limit, twice MAX_IMAGE_PIXELS
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        pixels = f"{int(found.group(1)):,} pixels" if found else "its size"
+        raise ValueError(
+            f"decompression bomb refused: {pixels} is over the limit of {max_pixels:,} (--max-pixels)"
+        ) from None
     width, height = im.size
     if width <= 0 or height <= 0:
         raise ValueError(f"image has no pixels ({width}x{height})")
     if width * height > max_pixels:
         raise ValueError(
-            f"decompression bomb refused: {width}x{height} = {width * height:,} pixels "
+            f"decompression bomb refused: {width * height:,} pixels ({width}x{height}) "
             f"is over the limit of {max_pixels:,} (--max-pixels)"
         )
     return im
 
 
 def _orientation(im: Image.Image) -> int:
+    """EXIF orientation, read without decoding pixels: Pillow's ``getexif`` loads a whole PNG
+    to find an eXIf chunk after the image data, so only header EXIF is looked at there."""
     try:
-        value = im.getexif().get(_EXIF_ORIENTATION, 1)
+        if im.format in _EXIF_IN_HEADER:
+            exif = im.getexif()
+        elif "exif" in im.info:
+            exif = Image.Exif()
+            exif.load(im.info["exif"])
+        else:
+            return 1
+        value = exif.get(_EXIF_ORIENTATION, 1)
     except Exception:  # malformed EXIF is metadata damage, not pixel damage
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1

@@ -108,6 +108,9 @@ def pack(
         label_columns=options.label_columns,
         progress=(lambda n: progress(Progress("scan", n, None))) if progress else None,
     )
+    if options.on_error == "fail" and src.skipped:
+        first = src.skipped[0]
+        raise BadImageError(str(source / first.path), first.reason)
     seed = options.seed if options.seed is not None else new_seed()
     order = permutation(len(src.items), seed) if options.shuffle else range(len(src.items))
     items = [src.items[i] for i in order]
@@ -194,6 +197,7 @@ def _write_shards(
     source_bytes = 0
     hashes: list[Future[ShardInfo]] = []
     results = _prepared_in_order([str(src.root / item.path) for item in items], options)
+    records = _read_ahead(src.root, items, results)
     meta_extra = {
         "backend": options.backend,
         "storage": asdict(_storage(options, None)),
@@ -210,16 +214,18 @@ def _write_shards(
                 options.compression,
                 meta_extra,
             )
+            expected = sum(_estimated_bytes(items[i], options) for i in shard_range)
+            # LMDB: address space only (64-bit), the file grows just as data is written.
             writer_options = (
-                {"map_size": _map_size(items, shard_range)} if options.backend == "lmdb" else {}
+                {"map_size": max(64 << 20, 2 * expected)}
+                if options.backend == "lmdb"
+                else {"expected_bytes": expected}
             )
             writer = open_shard_writer(options.backend, path, meta, **writer_options)
             count = payload_bytes = 0
             try:
                 for position in shard_range:
-                    item = items[position]
-                    result = next(results)
-                    record = _to_record(src.root, item, result)
+                    item, record = items[position], next(records)
                     if isinstance(record, Skipped):
                         if options.on_error == "fail":
                             raise BadImageError(str(src.root / item.path), record.reason)
@@ -248,6 +254,26 @@ def _write_shards(
         )
     common = list(next(iter(shapes))) if len(shapes) == 1 else None
     return _Written(shards, stats, skipped, source_bytes, common)
+
+
+def _read_ahead(
+    root: Path, items: list[SourceItem], results: Iterator[Prepared | Rejected]
+) -> Iterator[Record | Skipped]:
+    """Records in order. A thread reads and checksums the source bytes (both release the
+    GIL) for up to 64 MB ahead, so that work overlaps the writer's in this thread."""
+    ahead_bytes = 64 << 20
+    with ThreadPoolExecutor(1, thread_name_prefix="packer-read") as reader:
+        pending: deque[tuple[int, Future[Record | Skipped]]] = deque()
+        queued = 0
+        for item, result in zip(items, results):
+            pending.append((item.size, reader.submit(_to_record, root, item, result)))
+            queued += item.size
+            while pending and (queued > ahead_bytes or len(pending) > 1024):
+                size, future = pending.popleft()
+                queued -= size
+                yield future.result()
+        for _, future in pending:
+            yield future.result()
 
 
 def _to_record(root: Path, item: SourceItem, result: Prepared | Rejected) -> Record | Skipped:
@@ -300,12 +326,6 @@ def _result(
             f"a worker process died while reading one of {len(batch)} files starting at "
             f"{batch[0]} (a decoder crash or out of memory); move the file aside and pack again"
         ) from e
-
-
-def _map_size(items: list[SourceItem], shard_range: range) -> int:
-    # Address space only (64-bit): reserve generously, the file grows just as data is written.
-    estimate = sum(items[i].size for i in shard_range)
-    return max(64 << 20, 2 * estimate)
 
 
 def _shard_info(path: Path, num_records: int, payload_bytes: int) -> ShardInfo:

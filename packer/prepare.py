@@ -50,8 +50,9 @@ def init_worker(options: PackOptions) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     os.close(devnull)
-    # Our own check in imaging refuses images over max_pixels before any decode; raise
-    # Pillow's limit to match, so its own 2x error does not fire first with another message.
+    # Pillow's own bomb check (it raises over twice this) stays on: some plugins rely on it
+    # to stop parsing early. imaging._open refuses anything over max_pixels itself and words
+    # Pillow's error the same way, so the reason always names --max-pixels.
     Image.MAX_IMAGE_PIXELS = options.max_pixels
 
 

@@ -70,11 +70,16 @@ class ReaderOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
-        choices = {"on_error": ("raise", "skip"), "output": ("numpy", "torch"),
-                   "remainder": plan.REMAINDERS}
+        choices = {
+            "on_error": ("raise", "skip"),
+            "output": ("numpy", "torch"),
+            "remainder": plan.REMAINDERS,
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise UsageError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+                raise UsageError(
+                    f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
+                )
         if (self.pin_memory or self.device) and self.output != "torch":
             raise UsageError("pin_memory and device need output='torch'")
 
@@ -104,7 +109,9 @@ class Reader:
         self.manifest = read_manifest(self.path)
         self.rank, self.world_size = _rank_and_world(options.rank, options.world_size)
         counts = [s.num_records for s in self.manifest.shards]
-        self.chunk_size = options.chunk_size or _default_chunk_size(self.manifest.stats, sum(counts))
+        self.chunk_size = options.chunk_size or _default_chunk_size(
+            self.manifest.stats, sum(counts)
+        )
         self._chunks = plan.chunk_spans(counts, self.chunk_size)
         self._store: Store | None = None
         self._store_pid = -1
@@ -132,7 +139,11 @@ class Reader:
 
     def _spans(self, epoch: int) -> list[plan.Span]:
         rank, world, worker, workers = self._parts()
-        order = plan.shuffled_chunks(self._chunks, self.options.seed, epoch) if self.options.shuffle else self._chunks
+        order = (
+            plan.shuffled_chunks(self._chunks, self.options.seed, epoch)
+            if self.options.shuffle
+            else self._chunks
+        )
         mine = plan.take_share(order, rank, world, self.options.remainder)
         return plan.take_share(mine, worker, workers, "uneven")
 
@@ -153,7 +164,9 @@ class Reader:
         self._counters.start(prefetcher)
         return self._consume(prefetcher, epoch, skip)
 
-    def _consume(self, prefetcher: Prefetcher[Any], epoch: int, delivered: int) -> Iterator[tuple[Any, ...]]:
+    def _consume(
+        self, prefetcher: Prefetcher[Any], epoch: int, delivered: int
+    ) -> Iterator[tuple[Any, ...]]:
         try:
             for item in prefetcher:
                 batch, ready = item
@@ -162,7 +175,11 @@ class Reader:
                 delivered += 1
                 self._position = (epoch, delivered)
                 self._counters.add(batch)
-                yield (batch.images, batch.labels, batch.paths) if self.options.with_paths else (batch.images, batch.labels)
+                yield (
+                    (batch.images, batch.labels, batch.paths)
+                    if self.options.with_paths
+                    else (batch.images, batch.labels)
+                )
             self._next_epoch = epoch + 1
         finally:
             self._counters.stop(prefetcher)
@@ -181,13 +198,21 @@ class Reader:
             self._store_pid = os.getpid()
         return self._store
 
-    def _produce(self, epoch: int, skip_batches: int) -> Iterator[tuple[Batch, Callable[[], None] | None]]:
+    def _produce(
+        self, epoch: int, skip_batches: int
+    ) -> Iterator[tuple[Batch, Callable[[], None] | None]]:
         """Runs in the prefetch thread: read, gather, hand batches to the decode pool."""
         opts = self.options
         store = self._open_store()
         finish = partial(
-            finish_batch, store=store, decode=opts.decode, mode=opts.mode or self.manifest.storage.mode,
-            verify=opts.verify, on_error=opts.on_error, transform=opts.transform, collate=opts.collate,
+            finish_batch,
+            store=store,
+            decode=opts.decode,
+            mode=opts.mode or self.manifest.storage.mode,
+            verify=opts.verify,
+            on_error=opts.on_error,
+            transform=opts.transform,
+            collate=opts.collate,
         )
         mover = _gpu_mover(opts)
         workers = opts.workers or _cores()
@@ -244,7 +269,9 @@ class Reader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state.get("seed", self.options.seed) != self.options.seed:
-            raise UsageError(f"state was saved with seed {state['seed']}, this reader has seed {self.options.seed}")
+            raise UsageError(
+                f"state was saved with seed {state['seed']}, this reader has seed {self.options.seed}"
+            )
         self._resume = (int(state["epoch"]), int(state["batch"]))
         self._next_epoch = int(state["epoch"])
 
@@ -277,7 +304,12 @@ class Reader:
 
     def __getstate__(self) -> dict[str, Any]:
         # A reader travels to DataLoader workers as its path, options and position only.
-        return {"path": self.path, "options": self.options, "next_epoch": self._next_epoch, "resume": self._resume}
+        return {
+            "path": self.path,
+            "options": self.options,
+            "next_epoch": self._next_epoch,
+            "resume": self._resume,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["options"])  # type: ignore[misc]

@@ -34,18 +34,26 @@ def walk(
 
     Hidden entries (a name starting with ".") are left out. Symlinks are followed, to
     files and folders alike, but a folder already visited (same device and inode) is not
-    entered again, so a symlink loop ends the walk instead of looping. Broken links,
-    unreadable folders and names that are not valid UTF-8 are returned as ``Skipped``.
+    entered again: a symlink loop ends instead of looping, and a link to a folder that is
+    also in the tree is reported rather than packed twice. Real folders are walked before
+    linked ones, so the real path is the one kept. Broken links, unreadable folders and
+    names that are not valid UTF-8 are returned as ``Skipped``.
     """
     found: list[FoundFile] = []
     skipped: list[Skipped] = []
-    root_stat = root.stat()
-    visited = {(root_stat.st_dev, root_stat.st_ino)}
-    pending = [""]  # folders still to list, relative to root
-    while pending:
-        rel_dir = pending.pop()
+    visited: set[tuple[int, int]] = set()
+    real: list[tuple[str, os.stat_result]] = [("", root.stat())]  # folders to list
+    linked: list[tuple[str, os.stat_result]] = []  # reached through a symlink: listed last
+    while real or linked:
+        rel_dir, dir_stat = real.pop() if real else linked.pop()
+        if (dir_stat.st_dev, dir_stat.st_ino) in visited:
+            skipped.append(
+                Skipped(rel_dir, "links to a folder already walked (symlink loop or alias)")
+            )
+            continue
+        visited.add((dir_stat.st_dev, dir_stat.st_ino))
         try:
-            entries = list(os.scandir(root / rel_dir if rel_dir else root))
+            entries = sorted(os.scandir(root / rel_dir if rel_dir else root), key=lambda e: e.name)
         except OSError as e:
             skipped.append(Skipped(rel_dir or ".", f"cannot list folder: {e.strerror}"))
             continue
@@ -63,11 +71,7 @@ def walk(
                 skipped.append(Skipped(rel, reason))
                 continue
             if stat.S_ISDIR(st.st_mode):
-                if (st.st_dev, st.st_ino) in visited:
-                    skipped.append(Skipped(rel, "folder already visited (symlink loop)"))
-                else:
-                    visited.add((st.st_dev, st.st_ino))
-                    pending.append(rel)
+                (linked if entry.is_symlink() else real).append((rel, st))
             elif stat.S_ISREG(st.st_mode):
                 found.append(FoundFile(rel, st.st_size))
                 if progress is not None and len(found) % 1000 == 0:

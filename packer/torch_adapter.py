@@ -46,11 +46,19 @@ class BatchMover:
     def __call__(self, batch: Batch) -> tuple[Batch, Callable[[], None] | None]:
         images, labels = _tensor(batch.images), torch.from_numpy(batch.labels)
         if self.pin:
-            images = [i.pin_memory() for i in images] if isinstance(images, list) else images.pin_memory()
+            images = (
+                [i.pin_memory() for i in images]
+                if isinstance(images, list)
+                else images.pin_memory()
+            )
             labels = labels.pin_memory()
         if self.stream is None:
             if self.device is not None:
-                images = [i.to(self.device) for i in images] if isinstance(images, list) else images.to(self.device)
+                images = (
+                    [i.to(self.device) for i in images]
+                    if isinstance(images, list)
+                    else images.to(self.device)
+                )
                 labels = labels.to(self.device)
             return replace(batch, images=images, labels=labels), None
         with torch.cuda.stream(self.stream):
@@ -95,6 +103,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         options = self.options
         if info is not None:
             # Each DataLoader worker is a process of its own: one decode thread each by default.
-            options = replace(options, worker=(info.id, info.num_workers), workers=options.workers or 1)
+            options = replace(
+                options, worker=(info.id, info.num_workers), workers=options.workers or 1
+            )
         with Reader(self.path, options) as reader:
             yield from reader.epoch(self.epoch)

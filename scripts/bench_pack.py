@@ -111,8 +111,9 @@ def decode_files(paths: list[str]) -> int:
     return pixels
 
 
-def copy_and_decode(files: list[Path], target: Path, pool: ProcessPoolExecutor,
-                    workers: int) -> None:
+def copy_and_decode(
+    files: list[Path], target: Path, pool: ProcessPoolExecutor, workers: int
+) -> None:
     """The decode limit: the pool decodes every file while this process copies them."""
     paths = [str(p) for p in files]
     size = max(1, len(paths) // (workers * 8))
@@ -138,8 +139,14 @@ def timed(fn: Callable[[], None], scratch: Path) -> float:
     return seconds
 
 
-def plan(data: Dataset, backends: list[str], scratch: Path, pool: ProcessPoolExecutor,
-         workers: int, keep: Kept) -> dict[str, Callable[[], None]]:
+def plan(
+    data: Dataset,
+    backends: list[str],
+    scratch: Path,
+    pool: ProcessPoolExecutor,
+    workers: int,
+    keep: Kept,
+) -> dict[str, Callable[[], None]]:
     """Every measurement by name, in the order one repeat runs them."""
     copy_to = scratch / "copy.bin"
     runs: dict[str, Callable[[], None]] = {
@@ -150,17 +157,20 @@ def plan(data: Dataset, backends: list[str], scratch: Path, pool: ProcessPoolExe
         store = scratch / f"store.{EXT[b]}"
         for check in ("header", "full"):
             options = PackOptions(backend=b, seed=SEED, check=check)
-            runs[f"pack {b} check={check}"] = partial(pack_once, data, store, options, keep,
-                                                      f"{b} {check}")
+            runs[f"pack {b} check={check}"] = partial(
+                pack_once, data, store, options, keep, f"{b} {check}"
+            )
     for w in (1, 0):
         options = PackOptions(backend=backends[0], seed=SEED, max_side=128, workers=w)
         runs[f"re-encode {backends[0]} workers={w}"] = partial(
-            pack_once, data, scratch / f"store.{EXT[backends[0]]}", options, keep, f"re-encode {w}")
+            pack_once, data, scratch / f"store.{EXT[backends[0]]}", options, keep, f"re-encode {w}"
+        )
     return runs
 
 
-def measure(runs: dict[str, Callable[[], None]], repeat: int,
-            scratch: Path) -> dict[str, list[float]]:
+def measure(
+    runs: dict[str, Callable[[], None]], repeat: int, scratch: Path
+) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(repeat):
         for name, fn in runs.items():
@@ -169,13 +179,20 @@ def measure(runs: dict[str, Callable[[], None]], repeat: int,
     return times
 
 
-def figures(data: Dataset, backends: list[str], times: dict[str, list[float]],
-            keep: Kept, workers: int) -> dict[str, Any]:
+def figures(
+    data: Dataset, backends: list[str], times: dict[str, list[float]], keep: Kept, workers: int
+) -> dict[str, Any]:
     best = {name: min(ts) for name, ts in times.items()}
     n, mb = len(data.files), data.nbytes / 1e6
-    rows = {name: {"seconds": round(t, 4), "images_per_s": round(n / t, 1),
-                   "mb_per_s": round(mb / t, 1), "all_seconds": [round(x, 4) for x in times[name]]}
-            for name, t in best.items()}
+    rows = {
+        name: {
+            "seconds": round(t, 4),
+            "images_per_s": round(n / t, 1),
+            "mb_per_s": round(mb / t, 1),
+            "all_seconds": [round(x, 4) for x in times[name]],
+        }
+        for name, t in best.items()
+    }
     targets: list[dict[str, Any]] = []
     sizes: dict[str, dict[str, Any]] = {}
     for b in backends:
@@ -183,45 +200,84 @@ def figures(data: Dataset, backends: list[str], times: dict[str, list[float]],
             name = f"pack {b} check={check}"
             ratio = best[name] / best[limit]
             rows[name]["ratio"] = round(ratio, 3)
-            targets.append({"name": f"{name} vs {limit}", "ratio": round(ratio, 3),
-                            "target": TIME_TARGET, "pass": ratio <= TIME_TARGET})
+            targets.append(
+                {
+                    "name": f"{name} vs {limit}",
+                    "ratio": round(ratio, 3),
+                    "target": TIME_TARGET,
+                    "pass": ratio <= TIME_TARGET,
+                }
+            )
         manifest, manifest_bytes = keep[f"{b} header"]
         shard_bytes = sum(s.bytes for s in manifest.shards)
         ratio = shard_bytes / data.nbytes
-        sizes[b] = {"shard_bytes": shard_bytes, "source_bytes": data.nbytes,
-                    "ratio": round(ratio, 4), "manifest_bytes": manifest_bytes,
-                    "shards": len(manifest.shards)}
-        targets.append({"name": f"store size {b} vs sources", "ratio": round(ratio, 4),
-                        "target": SIZE_TARGET, "pass": ratio <= SIZE_TARGET})
+        sizes[b] = {
+            "shard_bytes": shard_bytes,
+            "source_bytes": data.nbytes,
+            "ratio": round(ratio, 4),
+            "manifest_bytes": manifest_bytes,
+            "shards": len(manifest.shards),
+        }
+        targets.append(
+            {
+                "name": f"store size {b} vs sources",
+                "ratio": round(ratio, 4),
+                "target": SIZE_TARGET,
+                "pass": ratio <= SIZE_TARGET,
+            }
+        )
     one, all_ = (f"re-encode {backends[0]} workers={w}" for w in (1, 0))
     rows[all_]["ratio"] = round(best[one] / best[all_], 3)
-    return {"timings": rows, "targets": targets, "store_size": sizes,
-            "reencode": {"backend": backends[0], "max_side": 128, "workers_all": workers,
-                         "images_per_s_1": rows[one]["images_per_s"],
-                         "images_per_s_all": rows[all_]["images_per_s"],
-                         "speedup": rows[all_]["ratio"]}}
+    return {
+        "timings": rows,
+        "targets": targets,
+        "store_size": sizes,
+        "reencode": {
+            "backend": backends[0],
+            "max_side": 128,
+            "workers_all": workers,
+            "images_per_s_1": rows[one]["images_per_s"],
+            "images_per_s_all": rows[all_]["images_per_s"],
+            "speedup": rows[all_]["ratio"],
+        },
+    }
 
 
 def render(report: dict[str, Any]) -> str:
     d = report["data"]
-    lines = [f"command: {report['command']}", f"machine: {report['machine']}",
-             f"data: {d['images']} images, {d['mb']:.1f} MB (avg {d['avg_kb']:.0f} KB), sides "
-             f"{d['size_range'][0]}-{d['size_range'][1]} px, {d['root']}",
-             f"best of {report['repeat']} repeat(s)", *(f"note: {n}" for n in NOTES), "",
-             f"{'measurement':<30}{'seconds':>9}{'images/s':>10}{'MB/s':>8}{'ratio':>8}"]
+    lines = [
+        f"command: {report['command']}",
+        f"machine: {report['machine']}",
+        f"data: {d['images']} images, {d['mb']:.1f} MB (avg {d['avg_kb']:.0f} KB), sides "
+        f"{d['size_range'][0]}-{d['size_range'][1]} px, {d['root']}",
+        f"best of {report['repeat']} repeat(s)",
+        *(f"note: {n}" for n in NOTES),
+        "",
+        f"{'measurement':<30}{'seconds':>9}{'images/s':>10}{'MB/s':>8}{'ratio':>8}",
+    ]
     for name, row in report["timings"].items():
         ratio = f"{row['ratio']:.2f}" if "ratio" in row else ""
-        lines.append(f"{name:<30}{row['seconds']:>9.3f}{row['images_per_s']:>10.1f}"
-                     f"{row['mb_per_s']:>8.1f}{ratio:>8}")
-    lines += ["", f"{'store size':<12}{'shards MB':>10}{'source MB':>10}{'ratio':>8}"
-              f"{'manifest KB':>13}"]
+        lines.append(
+            f"{name:<30}{row['seconds']:>9.3f}{row['images_per_s']:>10.1f}"
+            f"{row['mb_per_s']:>8.1f}{ratio:>8}"
+        )
+    lines += [
+        "",
+        f"{'store size':<12}{'shards MB':>10}{'source MB':>10}{'ratio':>8}{'manifest KB':>13}",
+    ]
     for b, s in report["store_size"].items():
-        lines.append(f"{b:<12}{s['shard_bytes'] / 1e6:>10.2f}{s['source_bytes'] / 1e6:>10.2f}"
-                     f"{s['ratio']:>8.4f}{s['manifest_bytes'] / 1e3:>13.1f}")
+        lines.append(
+            f"{b:<12}{s['shard_bytes'] / 1e6:>10.2f}{s['source_bytes'] / 1e6:>10.2f}"
+            f"{s['ratio']:>8.4f}{s['manifest_bytes'] / 1e3:>13.1f}"
+        )
     r = report["reencode"]
-    lines += ["", f"re-encode max_side=128 ({r['backend']}): "
-              f"workers=1 {r['images_per_s_1']:.1f} img/s, workers=0 ({r['workers_all']} cores) {r['images_per_s_all']:.1f} img/s, "
-              f"speedup {r['speedup']:.2f}x", ""]
+    lines += [
+        "",
+        f"re-encode max_side=128 ({r['backend']}): "
+        f"workers=1 {r['images_per_s_1']:.1f} img/s, workers=0 ({r['workers_all']} cores) "
+        f"{r['images_per_s_all']:.1f} img/s, speedup {r['speedup']:.2f}x",
+        "",
+    ]
     for t in report["targets"]:
         verdict = "PASS" if t["pass"] else "FAIL"
         lines.append(f"{verdict}  {t['name']}: {t['ratio']:.3f} (target <= {t['target']})")
@@ -251,7 +307,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = shlex.join(["python", "scripts/bench_pack.py", *(sys.argv[1:] if argv is None else argv)])
+    given = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "scripts/bench_pack.py", *given])
     workers = default_workers()
     folder = args.workdir / ("quick" if args.quick else "images")
     data = prepare_data(folder, args.images, (args.size_range[0], args.size_range[1]))
@@ -261,13 +318,22 @@ def main(argv: list[str] | None = None) -> int:
         list(pool.map(abs, range(workers)))  # start every worker before any clock runs
         runs = plan(data, args.backends, scratch, pool, workers, keep)
         times = measure(runs, args.repeat, scratch)
-    report = {"command": command, "repeat": args.repeat, "notes": NOTES,
-              "machine": f"{workers} cores usable ({os.cpu_count()} total), {platform.system()} "
-                         f"{platform.machine()}, Python {platform.python_version()}",
-              "data": {"root": str(data.root), "images": len(data.files), "mb": data.nbytes / 1e6,
-                       "avg_kb": data.nbytes / len(data.files) / 1e3,
-                       "size_range": list(args.size_range)},
-              **figures(data, args.backends, times, keep, workers)}
+    report = {
+        "command": command,
+        "repeat": args.repeat,
+        "notes": NOTES,
+        "machine": f"{workers} cores usable ({os.cpu_count()} total), {platform.system()} "
+        f"{platform.machine()}, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.2f} at the end (shared machine)",
+        "data": {
+            "root": str(data.root),
+            "images": len(data.files),
+            "mb": data.nbytes / 1e6,
+            "avg_kb": data.nbytes / len(data.files) / 1e3,
+            "size_range": list(args.size_range),
+        },
+        **figures(data, args.backends, times, keep, workers),
+    }
     print(json.dumps(report, indent=1) if args.json else render(report))
     return 0
 

@@ -47,9 +47,18 @@ def test_symlinks_followed_without_looping(tmp_path: Path) -> None:
     assert [i.path for i in src.items] == ["a/x.jpg", "b/z.jpg"]
     reasons = {s.path: s.reason for s in src.skipped}
     assert reasons == {
-        "a/loop": "folder already visited (symlink loop)",
+        "a/loop": "links to a folder already walked (symlink loop or alias)",
         "a/dangling.jpg": "broken symlink",
     }
+
+
+def test_a_linked_alias_of_a_folder_in_the_tree_keeps_the_real_path(tmp_path: Path) -> None:
+    write_image(tmp_path / "photos" / "a.jpg")
+    os.symlink(tmp_path / "photos", tmp_path / "0-link")  # sorts before the real folder
+    os.symlink(tmp_path / "photos", tmp_path / "zz-link")
+    src = load_source(tmp_path)
+    assert [i.path for i in src.items] == ["photos/a.jpg"]
+    assert [s.path for s in src.skipped] == ["0-link", "zz-link"]
 
 
 def test_no_labels(tmp_path: Path) -> None:

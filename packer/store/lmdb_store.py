@@ -8,6 +8,7 @@ digit key) holds the shard's own metadata. Values are laid out by ``packer.recor
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -96,23 +97,64 @@ class LmdbShardWriter:
         self._env.close()
 
 
+class _Environments:
+    """One read-only environment per shard file per process, shared by every reader of it.
+
+    LMDB forbids opening one file twice in a process (py-lmdb raises, and closing one handle
+    would drop the other's locks), yet a process may well hold two readers of one store.
+    After a fork the parent's environments are not used, nor closed, by the child.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._open: dict[str, tuple[lmdb.Environment, int]] = {}
+
+    def acquire(self, path: Path) -> lmdb.Environment:
+        key = os.path.realpath(path)
+        with self._lock:
+            if self._pid != os.getpid():
+                self._open, self._pid = {}, os.getpid()
+            env, users = self._open.get(key, (None, 0))
+            if env is None:
+                env = lmdb.open(
+                    key,
+                    subdir=False,
+                    readonly=True,
+                    lock=False,  # safe: a finished store never changes
+                    max_spare_txns=0,  # cached read txns must not outlive a fork (py-lmdb docs)
+                    max_dbs=0,
+                )
+            self._open[key] = (env, users + 1)
+            return env
+
+    def release(self, path: Path) -> None:
+        key = os.path.realpath(path)
+        with self._lock:
+            if self._pid != os.getpid() or key not in self._open:
+                return
+            env, users = self._open[key]
+            if users > 1:
+                self._open[key] = (env, users - 1)
+            else:
+                del self._open[key]
+                env.close()
+
+
+_ENVIRONMENTS = _Environments()
+
+
 class LmdbShardReader:
     """Read-only, lock-free view of a finished shard (safe: finished stores never change)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._pid = os.getpid()
-        self._env = lmdb.open(
-            str(path),
-            subdir=False,
-            readonly=True,
-            lock=False,
-            max_spare_txns=0,  # cached read txns must not outlive a fork (py-lmdb docs)
-            max_dbs=0,
-        )
+        self._env = _ENVIRONMENTS.acquire(path)
+        self._closed = False
         with self._env.begin() as txn:
             raw = txn.get(META_KEY)
         if raw is None:
+            self.close()
             raise ValueError(f"{path}: not a packer shard (no {META_KEY.decode()} key)")
         self.meta: dict[str, Any] = msgpack.unpackb(raw)
         self._len = int(self.meta["num_records"])
@@ -133,7 +175,9 @@ class LmdbShardReader:
             for row, expected in enumerate(range(start, stop)):
                 key, value = cursor.item()
                 if key != record_key(expected):
-                    raise ValueError(f"{self.path}: record {expected} is missing (found {bytes(key)!r})")
+                    raise ValueError(
+                        f"{self.path}: record {expected} is missing (found {bytes(key)!r})"
+                    )
                 record = unpack_value(value)
                 if out is not None:
                     out[row].reshape(-1)[:] = np.frombuffer(record.data, np.uint8)
@@ -156,7 +200,9 @@ class LmdbShardReader:
         return unpack_value(value)  # a view of ``value``, a bytes object of its own
 
     def close(self) -> None:
-        self._env.close()
+        if not self._closed:
+            self._closed = True
+            _ENVIRONMENTS.release(self.path)
 
 
 def _to_block(records: list[Record], num_label_columns: int) -> Block:

@@ -1,0 +1,301 @@
+"""open_reader: exactly-once epochs, reproducible order, resume, errors and clean shutdown."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import store_path, write_image
+from packer import PackOptions, open_reader, open_store, pack
+from packer.errors import CorruptRecordError, UsageError
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 120-image source packed three ways: LMDB and HDF5 originals, and HDF5 raw 8x8."""
+    tmp = tmp_path_factory.mktemp("reader")
+    root = tmp / "images"
+    for i in range(120):
+        ext = ".png" if i % 4 == 0 else ".jpg"
+        write_image(root / f"c{i % 3}" / f"{i:03d}{ext}", size=(10 + i % 7, 12), seed=i)
+    out = {}
+    for name, backend, extra in [
+        ("lmdb", "lmdb", {}),
+        ("hdf5", "hdf5", {}),
+        ("raw", "hdf5", {"raw": True, "size": (8, 8)}),
+    ]:
+        out[name] = store_path(tmp, backend, name)
+        pack(root, out[name], PackOptions(backend=backend, seed=3, workers=2, shards=3, **extra))  # type: ignore[arg-type]
+    return out
+
+
+@pytest.fixture(params=["lmdb", "hdf5", "raw"])
+def store(request: pytest.FixtureRequest, stores: dict[str, Path]) -> Path:
+    return stores[request.param]
+
+
+def _paths(reader: Any, epoch: int) -> list[str]:
+    return [p for _, _, paths in reader.epoch(epoch) for p in paths]
+
+
+def _threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("packer-")}
+
+
+def _no_packer_threads() -> bool:
+    deadline = time.monotonic() + 5
+    while _threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _threads()
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_record_exactly_once_per_epoch(
+    store: Path, seed: int, world: int, workers: int
+) -> None:
+    everything = [r.path for r in open_store(store).records()]
+    for epoch in range(2):
+        seen: list[str] = []
+        for rank in range(world):
+            for worker in range(workers):
+                with open_reader(
+                    store,
+                    batch_size=16,
+                    seed=seed,
+                    rank=rank,
+                    world_size=world,
+                    chunk_size=7,
+                    buffer_chunks=3,
+                    remainder="uneven",
+                    worker=(worker, workers),
+                    with_paths=True,
+                ) as r:
+                    got = _paths(r, epoch)
+                    assert len(got) == r.records_per_epoch()
+                    seen += got
+        assert Counter(seen) == Counter(everything)
+
+
+def test_drop_gives_equal_disjoint_shares(store: Path) -> None:
+    shares = []
+    for rank in range(7):
+        with open_reader(store, batch_size=5, rank=rank, world_size=7, with_paths=True) as r:
+            shares.append(_paths(r, 0))
+    assert {len(s) for s in shares} == {120 // 7}
+    flat = [p for s in shares for p in s]
+    assert len(set(flat)) == len(flat)
+
+
+def test_order_is_reproducible_and_changes_each_epoch(store: Path) -> None:
+    def run(seed: int, epoch: int) -> list[str]:
+        with open_reader(store, batch_size=10, seed=seed, with_paths=True, chunk_size=5) as r:
+            return _paths(r, epoch)
+
+    assert run(1, 0) == run(1, 0)
+    assert run(1, 0) != run(1, 1) and run(1, 0) != run(2, 0)
+    assert sorted(run(1, 0)) == sorted(run(1, 1))
+    with open_reader(store, batch_size=10, shuffle=False, with_paths=True) as r:
+        assert _paths(r, 0) == [rec.path for rec in open_store(store).records()]
+
+
+def test_batches_images_and_labels_match_the_store(store: Path) -> None:
+    with open_store(store) as s:
+        truth = {s.record(i).path: s[i] for i in range(len(s))}
+    with open_reader(store, batch_size=32, with_paths=True) as r:
+        sizes = []
+        for images, labels, paths in r.epoch(0):
+            sizes.append(len(paths))
+            assert labels.shape == (len(paths),) and labels.dtype == np.int64
+            for image, label, path in zip(images, labels, paths, strict=True):
+                assert np.array_equal(image, truth[path][0])
+                assert label == truth[path][1][0] == int(path[1])
+        assert sizes == [32, 32, 32, 24] and len(r) == 4
+    with open_reader(store, batch_size=32, drop_last=True) as r:
+        assert [len(labels) for _, labels in r] == [32, 32, 32] and len(r) == 3
+
+
+def test_raw_fixed_shape_batches_are_one_array(stores: dict[str, Path]) -> None:
+    with open_reader(stores["raw"], batch_size=50) as r:
+        images, labels = next(iter(r))
+        assert (
+            isinstance(images, np.ndarray)
+            and images.shape == (50, 8, 8, 3)
+            and images.dtype == np.uint8
+        )
+
+
+def test_transform_decode_false_and_collate(stores: dict[str, Path]) -> None:
+    with open_reader(stores["lmdb"], batch_size=8, transform=lambda im: im[:4, :4]) as r:
+        images, _ = next(iter(r))
+        assert images.shape == (8, 4, 4, 3)  # equal shapes after the transform: stacked
+    with open_reader(stores["lmdb"], batch_size=8, decode=False) as r:
+        images, _ = next(iter(r))
+        assert all(isinstance(b, bytes) and b[:2] in (b"\xff\xd8", b"\x89P") for b in images)
+    with open_reader(stores["lmdb"], batch_size=8, collate=len) as r:
+        assert next(iter(r))[0] == 8
+
+
+def test_resume_mid_epoch_equals_an_uninterrupted_run(store: Path) -> None:
+    options = dict(batch_size=9, seed=5, chunk_size=6, buffer_chunks=2, with_paths=True)
+    with open_reader(store, **options) as r:
+        full = [paths for _, _, paths in r.epoch(1)]
+    with open_reader(store, **options) as r:
+        it = r.epoch(1)
+        first = [next(it)[2] for _ in range(5)]
+        state = r.state_dict()
+    assert state == {"epoch": 1, "batch": 5, "seed": 5}
+    with open_reader(store, **options) as resumed:
+        resumed.load_state_dict(state)
+        rest = [paths for _, _, paths in resumed]
+    assert first + rest == full
+    with (
+        open_reader(store, **{**options, "seed": 6}) as other,
+        pytest.raises(UsageError, match="seed 5"),
+    ):
+        other.load_state_dict(state)
+
+
+def test_exception_in_a_worker_reaches_the_loop_with_its_traceback(stores: dict[str, Path]) -> None:
+    def explode(image: np.ndarray) -> np.ndarray:
+        raise RuntimeError("boom in transform")
+
+    with open_reader(stores["lmdb"], batch_size=8, transform=explode) as r:
+        with pytest.raises(CorruptRecordError) as info:
+            next(iter(r))
+    text = "".join(traceback.format_exception(info.value))
+    assert "boom in transform" in text and "explode" in text
+    assert _no_packer_threads()
+
+
+def _flip_a_payload_byte(store: Path) -> str:
+    """Flip one byte inside record 5's payload, in place. Returns that record's path."""
+    with open_store(store) as s:
+        record = s.record(5)
+        shard, _ = s.locate(5)
+        shard_file = store / s.manifest.shards[shard].file
+        needle = bytes(record.data[-40:])
+    data = bytearray(shard_file.read_bytes())
+    at = data.find(needle)
+    assert at > 0 and data.find(needle, at + 1) == -1
+    data[at + 10] ^= 0x01
+    shard_file.write_bytes(bytes(data))
+    return record.path
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "hdf5"])
+def test_bit_flip_is_named_or_skipped(tmp_path: Path, backend: str) -> None:
+    root = tmp_path / "imgs"
+    for i in range(30):
+        write_image(root / "a" / f"{i}.png", size=(20, 20), seed=i)
+    out = store_path(tmp_path, backend)
+    pack(root, out, PackOptions(backend=backend, seed=0, workers=2))
+    bad_path = _flip_a_payload_byte(out)
+    with open_reader(out, batch_size=30) as r, pytest.raises(CorruptRecordError) as info:
+        list(r)
+    assert info.value.path == bad_path and info.value.index == 5
+    assert str(out) in str(info.value) and "checksum mismatch" in str(info.value)
+    with open_reader(out, batch_size=30, on_error="skip", with_paths=True) as r:
+        paths = [p for _, _, ps in r for p in ps]
+        assert len(paths) == 29 and bad_path not in paths and r.stats()["skipped"] == 1
+
+
+@pytest.mark.parametrize("how", ["break", "exception", "close", "gc", "complete"])
+def test_every_shutdown_path_stops_the_threads(stores: dict[str, Path], how: str) -> None:
+    assert _no_packer_threads()
+    reader = open_reader(stores["hdf5"], batch_size=4, prefetch=2)
+    if how == "break":
+        for _ in reader:
+            break
+    elif how == "exception":
+        with pytest.raises(ValueError, match="training failed"), reader:
+            for _ in reader:
+                raise ValueError("training failed")
+    elif how == "close":
+        it = iter(reader)
+        next(it)
+        reader.close()
+    elif how == "gc":
+        it = iter(reader)
+        next(it)
+        del it, reader
+        gc.collect()
+    else:
+        assert sum(1 for _ in reader) == 30
+    assert _no_packer_threads()
+
+
+def test_a_new_epoch_stops_an_abandoned_one(stores: dict[str, Path]) -> None:
+    with open_reader(stores["lmdb"], batch_size=4, with_paths=True) as r:
+        first = r.epoch(0)
+        next(first)
+        assert len(_paths(r, 1)) == 120  # the abandoned epoch does not block or leak
+    assert _no_packer_threads()
+
+
+def test_stats_show_whether_loading_keeps_up(stores: dict[str, Path]) -> None:
+    with open_reader(stores["raw"], batch_size=10, prefetch=2) as r:
+        for _ in r:
+            time.sleep(0.01)  # a "training step" much slower than reading raw pixels
+        fast = r.stats()
+    assert fast["images"] == 120 and fast["batches"] == 12 and fast["images_per_s"] > 0
+    assert fast["wait_share"] < 0.5 and fast["queue_fill"] > 0.5
+    slow = open_reader(
+        stores["lmdb"], batch_size=10, transform=lambda im: (time.sleep(0.005), im)[1], workers=1
+    )
+    with slow:
+        for _ in slow:
+            pass
+        assert slow.stats()["wait_share"] > 0.5  # nothing to do but wait: input-bound
+
+
+def test_bounded_memory_on_a_store_larger_than_the_buffers(tmp_path: Path) -> None:
+    import tracemalloc
+
+    root = tmp_path / "imgs"
+    for i in range(400):
+        write_image(root / "a" / f"{i}.png", size=(64, 64), seed=i)
+    out = tmp_path / "big.h5"
+    pack(root, out, PackOptions(backend="hdf5", raw=True, size=(64, 64), seed=0, workers=2))
+    store_bytes = 400 * 64 * 64 * 3  # 4.9 MB of pixels
+    tracemalloc.start()
+    with open_reader(out, batch_size=8, chunk_size=16, buffer_chunks=2, prefetch=2, workers=1) as r:
+        assert sum(len(labels) for _, labels in r) == 400
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # window (2 x 16 records) + batches in flight (prefetch 2 + 1 worker + 2 being built)
+    bound = (2 * 16 + 8 * 6) * 64 * 64 * 3
+    assert peak < bound + 1_000_000 < store_bytes
+
+
+def test_bad_options_are_refused(stores: dict[str, Path]) -> None:
+    for bad in [
+        dict(batch_size=0),
+        dict(batch_size=2, on_error="ignore"),
+        dict(batch_size=2, rank=2, world_size=2),
+        dict(batch_size=2, pin_memory=True),
+        dict(batch_size=2, remainder="spread"),
+    ]:
+        with pytest.raises(UsageError):
+            open_reader(stores["lmdb"], **bad)
+
+
+def test_reader_pickles_as_path_and_options(stores: dict[str, Path]) -> None:
+    import pickle
+
+    with open_reader(stores["lmdb"], batch_size=40, seed=2, with_paths=True) as r:
+        expected = _paths(r, 0)
+        it = iter(r)
+        next(it)  # a reader in the middle of an epoch, with threads and open handles
+        clone = pickle.loads(pickle.dumps(r))
+    with clone:
+        assert _paths(clone, 0) == expected
