@@ -46,7 +46,8 @@ class Window:
 @dataclass
 class Batch:
     images: np.ndarray | list[Any]
-    labels: np.ndarray  # (n,) for one label column, (n, k) for k columns, (n, 0) for none
+    labels: Any  # ndarray (n,) for one label column, (n, k) for k columns, (n, 0) for none;
+    # a tensor with output="torch"
     paths: list[str]
     skipped: int  # records dropped from this batch by on_error="skip"
     nbytes: int  # payload bytes read for it
@@ -62,11 +63,7 @@ def read_window(store: Store, spans: Sequence[Span], fixed_shape: Sequence[int] 
         target = out[row : row + len(span)] if out is not None else None
         blocks.append(store.shard(span.shard).read_block(span.start, span.stop, out=target))
         row += len(span)
-    data: np.ndarray | list[bytes | memoryview]
-    if out is not None:
-        data = out
-    else:
-        data = [payload for block in blocks for payload in block.data]
+    data = out if out is not None else [payload for block in blocks for payload in block.data]
     return Window(
         data=data,
         labels=np.concatenate([b.labels for b in blocks]) if blocks else np.zeros((0, 0), np.int64),
@@ -143,8 +140,7 @@ def finish_batch(
     keep: list[int] = []
     for i in range(len(window)):
         try:
-            images.append(_one_image(window, i, decode, mode, verify, transform))
-            keep.append(i)
+            image = _one_image(window, i, decode, mode, verify)
         except Exception as e:  # name the record it concerns, whatever went wrong
             reason = (
                 str(e) if isinstance(e, _Damaged) else f"does not decode: {type(e).__name__}: {e}"
@@ -159,6 +155,16 @@ def finish_batch(
             if on_error != "skip":
                 raise error from e
             log.warning("skipped %s", error)
+            continue
+        if transform is not None:
+            try:
+                image = transform(image)
+            except Exception as e:  # the user's own code: re-raised as it is, with a pointer
+                if hasattr(e, "add_note"):
+                    e.add_note(f"packer: in transform of record {int(window.indices[i])} ({window.paths[i]})")
+                raise
+        images.append(image)
+        keep.append(i)
     labels = window.labels[keep] if len(keep) != len(window) else window.labels
     if labels.shape[1] == 1:
         labels = labels[:, 0]
@@ -176,16 +182,9 @@ def finish_batch(
     return Batch(stacked, labels, [window.paths[i] for i in keep], len(window) - len(keep), nbytes)
 
 
-def _one_image(
-    window: Window,
-    i: int,
-    decode: bool,
-    mode: str,
-    verify: bool,
-    transform: Callable[[np.ndarray], Any] | None,
-) -> Any:
+def _one_image(window: Window, i: int, decode: bool, mode: str, verify: bool) -> Any:
     payload = window.data[i]
-    if verify and checksum(payload) != int(window.crc32[i]):  # type: ignore[arg-type]
+    if verify and checksum(payload) != int(window.crc32[i]):
         raise _Damaged("checksum mismatch (the stored bytes are damaged)")
     if isinstance(payload, np.ndarray):
         image: Any = payload
@@ -196,7 +195,7 @@ def _one_image(
         )
     else:
         image = bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
-    return transform(image) if transform is not None else image
+    return image
 
 
 class _Damaged(Exception):

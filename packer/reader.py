@@ -11,6 +11,7 @@ reads, so a Reader pickles as its path and options and works in DataLoader worke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -297,10 +298,8 @@ class Reader:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # at interpreter exit the daemon threads just end
             self._stop_active()
-        except Exception:  # interpreter shutdown: the daemon threads go with it
-            pass
 
     def __getstate__(self) -> dict[str, Any]:
         # A reader travels to DataLoader workers as its path, options and position only.

@@ -81,7 +81,7 @@ class BatchMover:
         return replace(batch, images=images, labels=labels), ready
 
 
-class TorchDataset(IterableDataset):  # type: ignore[type-arg]
+class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
     """A store as an IterableDataset for ``DataLoader(ds, batch_size=None, num_workers=N)``.
 
     Each worker process opens its own reader over its own part of this rank's share, so no
