@@ -26,11 +26,13 @@ demo: install
 	$(BIN)/packer pack demo/images demo/demo.h5 --labels demo/labels.csv --seed 0
 	$(BIN)/packer inspect demo/demo.lmdb
 	$(BIN)/packer inspect demo/demo.h5
+	$(BIN)/python scripts/read_store.py demo/demo.lmdb --epochs 2
+	$(BIN)/python scripts/read_store.py demo/demo.h5 --epochs 2
 
-test: install
+test: install install-torch
 	$(BIN)/python -m pytest -q
 
-test-slow: install
+test-slow: install install-torch
 	$(BIN)/python -m pytest -q -m slow
 
 lint: install
@@ -41,8 +43,9 @@ fmt: install
 	$(BIN)/ruff check --fix packer tests scripts
 	$(BIN)/ruff format packer tests scripts
 
-bench: install
+bench: install install-torch
 	$(BIN)/python scripts/bench_pack.py
+	$(BIN)/python scripts/bench_reader.py
 
 clean:
 	rm -rf $(VENV) demo build *.egg-info .pytest_cache .mypy_cache .ruff_cache
