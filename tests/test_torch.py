@@ -6,8 +6,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import write_image
+
 from packer import PackOptions, open_reader, open_store, pack
 
 torch = pytest.importorskip("torch", reason="torch is an optional extra (make install-torch)")
