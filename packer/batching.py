@@ -161,7 +161,9 @@ def finish_batch(
                 image = transform(image)
             except Exception as e:  # the user's own code: re-raised as it is, with a pointer
                 if hasattr(e, "add_note"):
-                    e.add_note(f"packer: in transform of record {int(window.indices[i])} ({window.paths[i]})")
+                    e.add_note(
+                        f"packer: in transform of record {int(window.indices[i])} ({window.paths[i]})"
+                    )
                 raise
         images.append(image)
         keep.append(i)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing
+import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
@@ -191,74 +192,104 @@ def _write_shards(
     folder: Path,
     progress: ProgressFn | None,
 ) -> _Written:
-    stats = RecordStats(len(src.columns))
-    skipped = list(src.skipped)
+    written = _Written([], RecordStats(len(src.columns)), list(src.skipped), 0, None)
     shapes: set[tuple[int, int, int]] = set()
-    source_bytes = 0
-    hashes: list[Future[ShardInfo]] = []
-    results = _prepared_in_order([str(src.root / item.path) for item in items], options)
+    pool = _start_pool(options)
+    results = _prepared_in_order(pool, [str(src.root / item.path) for item in items], options)
     records = _read_ahead(src.root, items, results)
-    meta_extra = {
-        "backend": options.backend,
-        "storage": asdict(_storage(options, None)),
-        "label_columns": [c.to_json() for c in src.columns],
-    }
-    # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
-    with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
-        for index, shard_range in enumerate(plan):
-            path = folder / shard_name(options.backend, index)
-            meta = ShardMeta(
-                index,
-                len(src.columns),
-                options.fixed_shape() if options.backend == "hdf5" else None,
-                options.compression,
-                meta_extra,
-            )
-            expected = sum(_estimated_bytes(items[i], options) for i in shard_range)
-            # LMDB: address space only (64-bit), the file grows just as data is written.
-            writer_options = (
-                {"map_size": max(64 << 20, 2 * expected)}
-                if options.backend == "lmdb"
-                else {"expected_bytes": expected}
-            )
-            writer = open_shard_writer(options.backend, path, meta, **writer_options)
-            count = payload_bytes = 0
-            try:
-                for position in shard_range:
-                    item, record = items[position], next(records)
-                    if isinstance(record, Skipped):
-                        if options.on_error == "fail":
-                            raise BadImageError(str(src.root / item.path), record.reason)
-                        skipped.append(record)
-                    else:
-                        writer.append(record)
-                        count += 1
-                        payload_bytes += len(record.data)
-                        source_bytes += item.size
-                        stats.add(len(record.data), record.shape, record.format, record.labels)
-                        if len(shapes) < 2:
-                            shapes.add(record.shape)
-                    if progress is not None:
-                        progress(Progress("pack", position + 1, len(items)))
-                writer.close()
-            except BaseException:
-                writer.abort()
-                raise
-            hashes.append(hasher.submit(_shard_info, path, count, payload_bytes))
-        shards = [h.result() for h in hashes]
-    if not any(s.num_records for s in shards):
-        reasons = Counter(s.reason for s in skipped).most_common(3)
+    try:
+        # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
+        with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
+            hashes = []
+            for index, shard_range in enumerate(plan):
+                path = folder / shard_name(options.backend, index)
+                count, payload_bytes = _write_shard(
+                    path,
+                    index,
+                    src,
+                    items,
+                    shard_range,
+                    records,
+                    options,
+                    written,
+                    shapes,
+                    progress,
+                )
+                hashes.append(hasher.submit(_shard_info, path, count, payload_bytes))
+            written.shards = [h.result() for h in hashes]
+    finally:
+        records.close()  # stops the read-ahead thread on an error
+        pool.shutdown(wait=True, cancel_futures=True)
+    if not any(s.num_records for s in written.shards):
+        reasons = Counter(s.reason for s in written.skipped).most_common(3)
         raise EmptySourceError(
             f"{src.root}: none of {len(items)} files could be packed "
             f"(most common reasons: {'; '.join(f'{r} x{n}' for r, n in reasons)})"
         )
-    common = list(next(iter(shapes))) if len(shapes) == 1 else None
-    return _Written(shards, stats, skipped, source_bytes, common)
+    written.common_shape = list(next(iter(shapes))) if len(shapes) == 1 else None
+    return written
+
+
+def _write_shard(
+    path: Path,
+    index: int,
+    src: Source,
+    items: list[SourceItem],
+    shard_range: range,
+    records: Iterator[Record | Skipped],
+    options: PackOptions,
+    written: _Written,
+    shapes: set[tuple[int, int, int]],
+    progress: ProgressFn | None,
+) -> tuple[int, int]:
+    """Write one shard from the next ``len(shard_range)`` records; returns (records, payload bytes)."""
+    meta = ShardMeta(
+        index,
+        len(src.columns),
+        options.fixed_shape() if options.backend == "hdf5" else None,
+        options.compression,
+        {
+            "backend": options.backend,
+            "storage": asdict(_storage(options, None)),
+            "label_columns": [c.to_json() for c in src.columns],
+        },
+    )
+    expected = sum(_estimated_bytes(items[i], options) for i in shard_range)
+    # LMDB: address space only (64-bit), the file grows just as data is written.
+    writer_options = (
+        {"map_size": max(64 << 20, 2 * expected)}
+        if options.backend == "lmdb"
+        else {"expected_bytes": expected}
+    )
+    writer = open_shard_writer(options.backend, path, meta, **writer_options)
+    count = payload_bytes = 0
+    try:
+        for position in shard_range:
+            item, record = items[position], next(records)
+            if isinstance(record, Skipped):
+                if options.on_error == "fail":
+                    raise BadImageError(str(src.root / item.path), record.reason)
+                written.skipped.append(record)
+            else:
+                writer.append(record)
+                count += 1
+                payload_bytes += len(record.data)
+                written.source_bytes += item.size
+                written.stats.add(len(record.data), record.shape, record.format, record.labels)
+                if len(shapes) < 2:
+                    shapes.add(record.shape)
+            if progress is not None:
+                progress(Progress("pack", position + 1, len(items)))
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return count, payload_bytes
 
 
 def _read_ahead(
     root: Path, items: list[SourceItem], results: Iterator[Prepared | Rejected]
-) -> Iterator[Record | Skipped]:
+) -> Generator[Record | Skipped, None, None]:
     """Records in order. A thread reads and checksums the source bytes (both release the
     GIL) for up to 64 MB ahead, so that work overlaps the writer's in this thread."""
     ahead_bytes = 64 << 20
@@ -294,15 +325,35 @@ def _to_record(root: Path, item: SourceItem, result: Prepared | Rejected) -> Rec
     return Record(payload, item.labels, item.path, crc, result.shape, result.format)
 
 
-def _prepared_in_order(paths: list[str], options: PackOptions) -> Iterator[Prepared | Rejected]:
-    """Results for ``paths`` in order, from a process pool with a bounded window of tasks."""
+def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
+    """The worker pool, its processes started now, before this pack opens a shard or a thread.
+
+    fork starts workers in milliseconds (forkserver takes ~0.5 s) and is safe at this point:
+    workers only run Pillow and never touch the parent's handles. If the calling program has
+    threads of its own, a fork could copy a lock one of them holds, so forkserver is used.
+    """
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        method = "fork"
+    else:
+        method = "forkserver" if "forkserver" in methods else "spawn"
+    pool = ProcessPoolExecutor(
+        options.num_workers,
+        multiprocessing.get_context(method),
+        initializer=init_worker,
+        initargs=(options,),
+    )
+    pool.submit(int).result()  # with fork, every worker process is started by the first task
+    return pool
+
+
+def _prepared_in_order(
+    pool: ProcessPoolExecutor, paths: list[str], options: PackOptions
+) -> Iterator[Prepared | Rejected]:
+    """Results for ``paths`` in order, from the pool, through a bounded window of tasks."""
     workers = options.num_workers
     task_size = max(1, min(32, len(paths) // (workers * 8)))
     window = workers * 4
-    # forkserver: workers never inherit this process's open LMDB/HDF5 handles.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    pool = ProcessPoolExecutor(workers, context, initializer=init_worker, initargs=(options,))
     pending: deque[tuple[list[str], Future[list[Prepared | Rejected]]]] = deque()
     try:
         for start in range(0, len(paths), task_size):
@@ -313,7 +364,8 @@ def _prepared_in_order(paths: list[str], options: PackOptions) -> Iterator[Prepa
         while pending:
             yield from _result(*pending.popleft())
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for _, future in pending:
+            future.cancel()
 
 
 def _result(
