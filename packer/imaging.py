@@ -26,6 +26,7 @@ __all__ = [
     "MODES",
     "ImageInfo",
     "probe",
+    "verify",
     "decode",
     "CHANNELS",
     "output_mode",
@@ -102,6 +103,16 @@ def probe(source: Source, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
         width, height = im.size
         if _orientation(im) >= 5:  # orientations 5-8 swap width and height
             width, height = height, width
+        return ImageInfo(im.format or "unknown", height, width, im.mode, "transparency" in im.info)
+
+
+def verify(source: Source, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
+    """Decode every pixel (the only proof a file is intact) but convert nothing: the check
+    of a file stored as it is. The size is upright, as ``decode`` would give it."""
+    with _open(source, max_pixels) as im:
+        im.load()  # first: an object that failed once (e.g. in getexif) may then load "fine"
+        orientation = _orientation(im)
+        width, height = im.size[::-1] if orientation >= 5 else im.size
         return ImageInfo(im.format or "unknown", height, width, im.mode, "transparency" in im.info)
 
 

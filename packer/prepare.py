@@ -69,7 +69,7 @@ def prepare_file(path: Path, options: PackOptions) -> Prepared | Rejected:
             return Prepared(None, None, _shape(info, options.mode), info.format)
         data = path.read_bytes()
         if options.payload == "original":
-            _, info = imaging.decode(data, options.mode, options.max_pixels)
+            info = imaging.verify(data, options.max_pixels)
             return Prepared(None, checksum(data), _shape(info, options.mode), info.format)
         return _transform(data, options)
     except Exception as e:  # noqa: BLE001 - any exception from a decoder means "bad image"
