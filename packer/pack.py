@@ -11,7 +11,9 @@ workers, and memory stays bounded whatever the size of the folder.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import shutil
 import logging
 import multiprocessing
 import threading
@@ -24,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import lmdb
 
 from packer import __version__
 from packer.errors import BadImageError, EmptySourceError, PackerError, PackInterrupted, StoreError
@@ -126,9 +130,12 @@ def pack(
     except KeyboardInterrupt:
         staging.discard()
         raise PackInterrupted(f"interrupted: nothing was written to {output}") from None
-    except OSError as e:
+    except (
+        OSError,
+        lmdb.Error,
+    ) as e:  # disk full, I/O error, quota: the store's fault, not a file's
         staging.discard()
-        raise StoreError(f"{output}: {_os_error(e)}; nothing was written") from e
+        raise StoreError(f"{output}: {_write_error(e, output.parent)}; nothing was written") from e
     except BaseException:
         staging.discard()
         raise
@@ -255,6 +262,11 @@ def _write_shard(
         },
     )
     expected = sum(_estimated_bytes(items[i], options) for i in shard_range)
+    free = shutil.disk_usage(path.parent).free
+    if free < expected:  # fail now, not an hour into the shard
+        raise OSError(
+            errno.ENOSPC, f"No space left on device: the next shard needs about {expected:,} bytes"
+        )
     # LMDB: address space only (64-bit), the file grows just as data is written.
     writer_options = (
         {"map_size": max(64 << 20, 2 * expected)}
@@ -427,9 +439,9 @@ def _manifest(src: Source, written: _Written, options: PackOptions, seed: int) -
     )
 
 
-def _os_error(e: OSError) -> str:
-    import errno
-
-    if e.errno == errno.ENOSPC:
-        return f"no space left on device (writing {e.filename or 'the store'})"
-    return f"{e.strerror or e} ({e.filename})" if e.filename else str(e)
+def _write_error(e: Exception, folder: Path) -> str:
+    """Name a full disk as such: LMDB reports a short write as a plain I/O error (EIO)."""
+    free = shutil.disk_usage(folder).free
+    if getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or free < 64 << 20:
+        return f"no space left on device ({free:,} bytes free); free some space and pack again"
+    return str(e)

@@ -194,7 +194,9 @@ def decode_limit(payloads: list[bytes], workers: int) -> dict[str, float]:
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(time.sleep, [0.01] * workers))  # every thread started before the clock
         started = time.perf_counter()
-        for f in [pool.submit(decode_some, payloads[i : i + size]) for i in range(0, len(payloads), size)]:
+        for f in [
+            pool.submit(decode_some, payloads[i : i + size]) for i in range(0, len(payloads), size)
+        ]:
             f.result()
         seconds = time.perf_counter() - started
     return {"images": len(payloads), "seconds": seconds}
@@ -300,7 +302,9 @@ def plan(
         output="torch",
     )
     sized = f"reader workers={LOADER_WORKERS} packed at {h}x{w}"
-    runs[sized] = partial(reader_epoch, stores["sized lmdb"], workers=LOADER_WORKERS, output="torch")
+    runs[sized] = partial(
+        reader_epoch, stores["sized lmdb"], workers=LOADER_WORKERS, output="torch"
+    )
     compares += [
         Compare("reader original lmdb", ["seeds baseline (Pillow loop)"], None),
         Compare(mine, [rival], LOADER_TARGET),
@@ -353,8 +357,13 @@ def summarize(
         ok = None if c.target is None else ratio <= c.target if c.overlap else ratio >= c.target
         vs = f"max({', '.join(c.against)})" if c.overlap else c.against[0]
         targets.append(
-            {"name": f"{c.name} vs {vs}", "ratio": round(ratio, 3), "target": c.target,
-             "lower_is_better": c.overlap, "pass": ok}
+            {
+                "name": f"{c.name} vs {vs}",
+                "ratio": round(ratio, 3),
+                "target": c.target,
+                "lower_is_better": c.overlap,
+                "pass": ok,
+            }
         )
     return {"timings": rows, "targets": targets}
 
@@ -382,7 +391,9 @@ def memory_child(store: Path, options: Options) -> dict[str, Any]:
     """Peak RSS of a fresh interpreter that reads one epoch of ``store``."""
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(store), json.dumps(options)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -390,7 +401,10 @@ def memory_child(store: Path, options: Options) -> dict[str, Any]:
 def memory_part(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     small, big = QUICK_MEMORY_IMAGES if args.quick else MEMORY_IMAGES
     base = prepare_folder(workdir / f"small-{small}", small, (32, 96))
-    folders = {small: base, big: replicate(base, workdir / f"small-{small}-x{big // small}", big // small)}
+    folders = {
+        small: base,
+        big: replicate(base, workdir / f"small-{small}-x{big // small}", big // small),
+    }
     side, rows, targets = 32, [], []
     record = side * side * 3
     for b in ("lmdb", "hdf5"):
@@ -400,19 +414,35 @@ def memory_part(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             peaks = []
             for n, folder in folders.items():
                 out = workdir / "stores" / f"raw{side}-{n}.{EXT[b]}"
-                store = cached_pack(folder, out, PackOptions(backend=b, seed=SEED, raw=True, size=(side, side)))
+                store = cached_pack(
+                    folder, out, PackOptions(backend=b, seed=SEED, raw=True, size=(side, side))
+                )
                 got = memory_child(store, options)
                 formula = 8 * got["chunk_size"] * record + (4 + LOADER_WORKERS + 2) * BATCH * record
-                rows.append({"backend": b, "images": got["images"], "chunk_size": got["chunk_size"],
-                             "vm_hwm": got["after"]["VmHWM"], "before_rss": got["before"]["VmRSS"],
-                             "peak_anon": got["peak_anon"], "rss_file": got["after"]["RssFile"],
-                             "formula": formula})
+                rows.append(
+                    {
+                        "backend": b,
+                        "images": got["images"],
+                        "chunk_size": got["chunk_size"],
+                        "vm_hwm": got["after"]["VmHWM"],
+                        "before_rss": got["before"]["VmRSS"],
+                        "peak_anon": got["peak_anon"],
+                        "rss_file": got["after"]["RssFile"],
+                        "formula": formula,
+                    }
+                )
                 peaks.append(got["after"]["VmHWM"])
             ratio = peaks[1] / peaks[0]
             setting = f"chunk_size={chunk}" if chunk else "default chunk_size"
-            targets.append({"name": f"memory {b} {setting}: VmHWM {big} vs {small} images",
-                            "ratio": round(ratio, 3), "target": FLAT_TARGET,
-                            "lower_is_better": True, "pass": ratio <= FLAT_TARGET})
+            targets.append(
+                {
+                    "name": f"memory {b} {setting}: VmHWM {big} vs {small} images",
+                    "ratio": round(ratio, 3),
+                    "target": FLAT_TARGET,
+                    "lower_is_better": True,
+                    "pass": ratio <= FLAT_TARGET,
+                }
+            )
     return {"rows": rows, "targets": targets}
 
 
@@ -439,10 +469,13 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"{name:<46}{row['seconds']:>9.3f}{ips:>10}{first:>10}{wait:>7}")
     memory = report.get("memory")
     if memory:
-        lines += ["", "memory (MB; formula = 8 x chunk x record + (prefetch 4 + workers 2 + 2) "
-                  "x batch bytes, on top of 'before'; peak anon sampled once per batch)",
-                  f"{'backend':<8}{'images':>8}{'chunk':>7}{'VmHWM':>8}{'before':>8}"
-                  f"{'peak anon':>10}{'RssFile':>9}{'formula':>9}"]
+        lines += [
+            "",
+            "memory (MB; formula = 8 x chunk x record + (prefetch 4 + workers 2 + 2) "
+            "x batch bytes, on top of 'before'; peak anon sampled once per batch)",
+            f"{'backend':<8}{'images':>8}{'chunk':>7}{'VmHWM':>8}{'before':>8}"
+            f"{'peak anon':>10}{'RssFile':>9}{'formula':>9}",
+        ]
         for r in memory["rows"]:
             lines.append(
                 f"{r['backend']:<8}{r['images']:>8}{r['chunk_size']:>7}{r['vm_hwm'] / 1e6:>8.1f}"
@@ -452,7 +485,11 @@ def render(report: dict[str, Any]) -> str:
     lines.append("")
     for t in report["targets"] + (memory["targets"] if memory else []):
         verdict = "info" if t["pass"] is None else "PASS" if t["pass"] else "FAIL"
-        goal = "" if t["target"] is None else f" (target {'<=' if t['lower_is_better'] else '>='} {t['target']})"
+        goal = (
+            ""
+            if t["target"] is None
+            else f" (target {'<=' if t['lower_is_better'] else '>='} {t['target']})"
+        )
         lines.append(f"{verdict:<5} {t['name']}: {t['ratio']:.3f}{goal}")
     return "\n".join(lines)
 

@@ -19,8 +19,10 @@ measures the two).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = ["Hdf5ShardWriter", "Hdf5ShardReader"]
 # chunk would otherwise be mostly empty space.
 _MAX_CHUNK_BYTES = 16 << 20
 _MIN_CHUNK_BYTES = 64 << 10
+_SPACE_MARGIN = 8 << 20  # room kept for HDF5's own metadata when checking free space
 _FLUSH_BYTES = 16 << 20  # payload bytes buffered in memory between writes
 _COMPRESSION: dict[str | None, dict[str, Any]] = {
     None: {},
@@ -106,6 +109,7 @@ class Hdf5ShardWriter:
     def _flush(self) -> None:
         if not self._buffer:
             return
+        _ensure_space(self.path, self._buffer_bytes)
         joined = np.frombuffer(b"".join(self._buffer), dtype=np.uint8)
         if self.meta.raw_shape is not None:
             rows = joined.reshape(-1, *self.meta.raw_shape)
@@ -122,6 +126,7 @@ class Hdf5ShardWriter:
     def close(self) -> None:
         self._flush()
         n = len(self._paths)
+        _ensure_space(self.path, n * 64 + sum(len(p) for p in self._paths))
         f = self._file
         if self.meta.raw_shape is None:
             f.create_dataset("offsets", data=np.array(self._offsets, np.uint64), track_times=False)
@@ -153,6 +158,14 @@ class Hdf5ShardWriter:
 
     def abort(self) -> None:
         self._file.close()
+
+
+def _ensure_space(path: Path, nbytes: int) -> None:
+    """Refuse a write the disk cannot take. libhdf5 does not survive a full disk (seen: a
+    segfault in H5Fclose after ENOSPC), so packer checks before handing it the bytes."""
+    free = shutil.disk_usage(path.parent).free
+    if free < nbytes + _SPACE_MARGIN:
+        raise OSError(errno.ENOSPC, f"No space left on device ({free:,} bytes free)", str(path))
 
 
 def _fsync_file(path: Path) -> None:
