@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import shutil
 import logging
 import multiprocessing
+import shutil
 import threading
 import time
 from collections import Counter, deque
