@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from conftest import write_image
 
 from packer.cli import cli
+from packer.terminal import ProgressLine
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -156,3 +158,22 @@ def test_interrupted_pack_leaves_no_store(
     assert proc.returncode == 130
     assert f"interrupted: nothing was written to {out}" in err
     assert not out.exists() and not partial.exists()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_draws_on_a_terminal_only() -> None:
+    terminal, pipe = _Terminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        line = ProgressLine(stream)
+        line("scan", 5000, None)
+        line("pack", 10, 10)
+        line.finish()
+    assert pipe.getvalue() == ""
+    drawn = terminal.getvalue()
+    assert "scan     5,000 files" in drawn and "10/10" in drawn and "█" * 30 in drawn
+    assert drawn.endswith("\r")  # the line is cleared for what is printed next
+    assert ProgressLine(_Terminal(), enabled=False).enabled is False  # --quiet
