@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from packer.errors import UsageError
@@ -157,7 +156,3 @@ class PackOptions:
         data["size"] = list(self.size) if self.size else None
         data["labels"] = str(self.labels)
         return data
-
-
-def labels_path(labels: str) -> Path | None:
-    return None if labels in ("folders", "none") else Path(labels)

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,7 @@ class Reader:
         )
         self._active = prefetcher
         self._position = (epoch, skip)
-        self._counters.start(prefetcher)
+        self._counters.start()
         return self._consume(prefetcher, epoch, skip)
 
     def _consume(
@@ -315,10 +315,6 @@ class Reader:
         self._next_epoch = state["next_epoch"]
         self._resume = state["resume"]
 
-    def with_options(self, **changes: Any) -> Reader:
-        """A new reader of the same store with some options changed."""
-        return Reader(self.path, replace(self.options, **changes))
-
 
 class _Counters:
     """images/s, MB/s and the share of wall time the training loop spent waiting."""
@@ -329,7 +325,7 @@ class _Counters:
         self.wait_s = 0.0
         self.queue_fill = 0.0
 
-    def start(self, prefetcher: Prefetcher[Any]) -> None:
+    def start(self) -> None:
         self.__init__()  # type: ignore[misc]
         self.started = time.perf_counter()
 
