@@ -136,6 +136,6 @@ class Store:
 def record_pixels(record: Record, mode: str = "RGB") -> np.ndarray:
     """A record's image as height x width x channels uint8, upright."""
     if record.format == "raw":
-        return np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
+        return np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape).copy()
     im, _ = imaging.decode(bytes(record.data), mode)
     return imaging.to_array(im)

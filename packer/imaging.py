@@ -248,6 +248,8 @@ def encode(im: Image.Image, fmt: str, quality: int = 90) -> bytes:
 
 
 def to_array(im: Image.Image) -> np.ndarray:
-    """Height x width x channels uint8 (grey images get one channel)."""
+    """Height x width x channels uint8 (grey images get one channel), writable."""
     array = np.asarray(im, dtype=np.uint8)
+    if not array.flags.writeable:  # a view of Pillow's bytes; transforms may write in place
+        array = array.copy()
     return array[:, :, None] if array.ndim == 2 else array

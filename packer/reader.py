@@ -11,11 +11,13 @@ reads, so a Reader pickles as its path and options and works in DataLoader worke
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +40,16 @@ __all__ = ["ReaderOptions", "Reader", "open_reader"]
 log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 32 << 20  # default chunk: about this many payload bytes per sequential read
+# Readers with threads running, closed at exit while the interpreter is still whole: a daemon
+# thread still inside h5py or Pillow when it is torn down can abort the process (seen in
+# DataLoader workers abandoned mid-epoch).
+_RUNNING: weakref.WeakSet[Reader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_running_readers() -> None:
+    for reader in list(_RUNNING):
+        reader.close()
 
 
 @dataclass(frozen=True)
@@ -161,6 +173,7 @@ class Reader:
             partial(self._produce, epoch, skip), depth=self.options.prefetch, name="packer-prefetch"
         )
         self._active = prefetcher
+        _RUNNING.add(self)
         self._position = (epoch, skip)
         self._counters.start()
         return self._consume(prefetcher, epoch, skip)
