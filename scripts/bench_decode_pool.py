@@ -1,0 +1,93 @@
+"""Threads or processes for the reader's decode pool? Measured on this machine.
+
+    python scripts/bench_decode_pool.py [--images 1500] [--side 400] [--repeat 3]
+
+Decodes the same JPEG bytes (held in memory, as the reader holds a window) to RGB arrays with
+(a) one thread, (b) a pool of N threads, (c) a pool of N processes that receive the bytes and
+return the arrays by pickling, as a process pool must. Pillow releases the GIL while it
+decodes, so threads can use every core without the pickling that processes pay for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+from PIL import Image
+
+
+def make_jpegs(count: int, side: int) -> list[bytes]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(count):
+        base = rng.integers(0, 256, (side // 8, side // 8, 3), dtype=np.uint8)
+        im = Image.fromarray(base).resize((side, side + i % 64), Image.Resampling.BILINEAR)
+        buffer = io.BytesIO()
+        im.save(buffer, "JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+def decode(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def decode_batch(batch: list[bytes]) -> list[np.ndarray]:
+    return [decode(d) for d in batch]
+
+
+def run(pool: Executor | None, batches: list[list[bytes]]) -> float:
+    start = time.perf_counter()
+    if pool is None:
+        for batch in batches:
+            decode_batch(batch)
+    else:
+        for _ in pool.map(decode_batch, batches):
+            pass
+    return time.perf_counter() - start
+
+
+def best(repeat: int, fn: Callable[[], float]) -> float:
+    return min(fn() for _ in range(repeat))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=1500)
+    parser.add_argument("--side", type=int, default=400)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    cores = len(os.sched_getaffinity(0))
+    jpegs = make_jpegs(args.images, args.side)
+    batches = [jpegs[i : i + args.batch] for i in range(0, len(jpegs), args.batch)]
+    with ThreadPoolExecutor(cores) as threads, ProcessPoolExecutor(cores) as processes:
+        run(processes, batches[:cores])  # start the workers before timing
+        times = {
+            "one thread": best(args.repeat, lambda: run(None, batches)),
+            f"{cores} threads": best(args.repeat, lambda: run(threads, batches)),
+            f"{cores} processes": best(args.repeat, lambda: run(processes, batches)),
+        }
+    rates = {k: args.images / v for k, v in times.items()}
+    if args.json:
+        print(json.dumps({"images": args.images, "side": args.side, "cores": cores, "images_per_s": rates}))
+        return 0
+    print(f"command: python {' '.join(sys.argv)}")
+    print(f"{args.images} JPEGs ~{args.side}x{args.side}, {cores} cores, best of {args.repeat}")
+    base = rates["one thread"]
+    for name, rate in rates.items():
+        print(f"  {name:14} {rate:8,.0f} images/s  {rate / base:4.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
