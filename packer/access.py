@@ -11,27 +11,86 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
+import tables
 
 from packer import imaging
 from packer.errors import CorruptRecordError, StoreError
-from packer.manifest import Manifest, read_manifest
+from packer.manifest import Manifest, ShardInfo, Storage, read_manifest
 from packer.record import Record, checksum
-from packer.store import ShardReader, open_shard_reader
+from packer.store import ShardReader, open_shard_reader, pytables_store
 
-__all__ = ["Store", "open_store", "record_pixels"]
+__all__ = ["Store", "open_store", "open_manifest", "record_pixels"]
 
 
-def open_store(path: Path | str) -> Store:
-    """Open a finished store for random access. Example: ``image, labels = open_store(p)[0]``."""
-    return Store(path)
+def open_store(path: Path | str, *, images: str | None = None, labels: str | None = None) -> Store:
+    """Open a finished store for random access. Example: ``image, labels = open_store(p)[0]``.
+
+    ``path`` may also be a plain HDF5 file holding an image array and a label array (a store
+    made by others); ``images`` and ``labels`` name them where packer cannot tell.
+    """
+    return Store(path, images=images, labels=labels)
+
+
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+
+
+def open_manifest(path: Path, images: str | None = None, labels: str | None = None) -> Manifest:
+    """A packer store's manifest, or one describing a plain HDF5 file of arrays."""
+    if not (path.is_file() and path.suffix.lower() in _HDF5_SUFFIXES):
+        return read_manifest(path)
+    try:
+        found = pytables_store.describe_file(path, images, labels)
+    except (ValueError, OSError, tables.exceptions.HDF5ExtError) as e:
+        raise StoreError(str(e)) from e
+    h, w, c = found["shape"]
+    return Manifest(
+        backend="pytables",
+        num_records=found["num_records"],
+        shards=[
+            ShardInfo(
+                path.name,
+                found["num_records"],
+                path.stat().st_size,
+                "",
+                found["num_records"] * h * w * c,
+            )
+        ],
+        storage=Storage("raw", {1: "L", 3: "RGB"}.get(c, "keep"), shape=[h, w, c], checksums=False),
+        label_source="arrays",
+        label_columns=[
+            {"name": f"{found['labels']}[{k}]", "classes": None}
+            for k in range(found["label_columns"])
+        ],
+        seed=0,
+        shuffled=False,
+        packer_version="",
+        created="",
+        options={"images": found["images"], "labels": found["labels"]},
+        stats={
+            "label_counts": found["label_counts"],
+            "height": {"count": found["num_records"], "min": h, "max": h, "mean": h},
+            "width": {"count": found["num_records"], "min": w, "max": w, "mean": w},
+            "payload_bytes": {
+                "count": found["num_records"],
+                "min": h * w * c,
+                "max": h * w * c,
+                "mean": h * w * c,
+            },
+            "formats": {"raw": found["num_records"]},
+        },
+        source={"file": str(path.resolve())},
+    )
 
 
 class Store:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(
+        self, path: Path | str, *, images: str | None = None, labels: str | None = None
+    ) -> None:
         self.path = Path(path)
-        self.manifest: Manifest = read_manifest(self.path)
+        self.manifest: Manifest = open_manifest(self.path, images, labels)
         self._starts = self.manifest.shard_starts()
         self._readers: dict[int, ShardReader] = {}
         self._pid = os.getpid()
@@ -57,7 +116,13 @@ class Store:
         if reader is None:
             info = self.manifest.shards[number]
             try:
-                reader = open_shard_reader(self.manifest.backend, self.path / info.file)
+                if self.manifest.backend == "pytables":
+                    opts = self.manifest.options
+                    reader = pytables_store.PyTablesShardReader(
+                        self.path, opts["images"], opts["labels"]
+                    )
+                else:
+                    reader = open_shard_reader(self.manifest.backend, self.path / info.file)
             except Exception as e:
                 raise StoreError(f"{self.path}: cannot open {info.file}: {e}") from e
             if len(reader) != info.num_records:
@@ -73,7 +138,7 @@ class Store:
         """The stored record: payload bytes, labels, original path, checksum, shape, format."""
         shard, offset = self.locate(index)
         record = self.shard(shard).read_record(offset)
-        if verify and checksum(record.data) != record.crc32:
+        if verify and self.manifest.storage.checksums and checksum(record.data) != record.crc32:
             raise CorruptRecordError(
                 str(self.path),
                 self.manifest.shards[shard].file,
@@ -127,10 +192,11 @@ class Store:
 
     def __getstate__(self) -> dict[str, object]:
         # Pickles as its path: handles are reopened on the other side.
-        return {"path": self.path}
+        options = self.manifest.options if self.manifest.backend == "pytables" else {}
+        return {"path": self.path, "images": options.get("images"), "labels": options.get("labels")}
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["path"])  # type: ignore[misc]
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], images=state["images"], labels=state["labels"])  # type: ignore[misc]
 
 
 def record_pixels(record: Record, mode: str = "RGB") -> np.ndarray:

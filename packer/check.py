@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.manifest import Manifest, read_manifest
+from packer.access import open_manifest
+from packer.manifest import Manifest
 
 __all__ = ["StoreSummary", "describe_store"]
 
@@ -31,10 +32,14 @@ class StoreSummary:
         }
 
 
-def describe_store(path: Path | str) -> StoreSummary:
-    """Read the manifest and stat every shard file it lists."""
+def describe_store(
+    path: Path | str, *, images: str | None = None, labels: str | None = None
+) -> StoreSummary:
+    """Read the manifest (or describe a plain HDF5 file of arrays) and stat every shard file."""
     path = Path(path)
-    manifest = read_manifest(path)
+    manifest = open_manifest(path, images, labels)
+    if manifest.backend == "pytables":
+        return StoreSummary(path, manifest, [])
     problems = []
     for shard in manifest.shards:
         file = path / shard.file

@@ -216,15 +216,20 @@ def _print_pack_summary(result: PackResult) -> None:
 
 @cli.command("inspect")
 @click.argument("store", type=click.Path(path_type=Path))
+@click.option("--images", metavar="NODE", help="A plain HDF5 file: the image array, e.g. /samples.")
+@click.option("--labels", metavar="NODE", help="A plain HDF5 file: the label array, e.g. /labels.")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
-def inspect_command(store: Path, as_json: bool) -> None:
+def inspect_command(store: Path, images: str | None, labels: str | None, as_json: bool) -> None:
     """Show what is in STORE: records, shards, classes, sizes, how it was made.
+
+    STORE is a packer store, or a plain HDF5 file with an image array and a label array.
 
     \b
     Example:
         packer inspect out.lmdb
+        packer inspect train.h5 --images /samples --labels /labels
     """
-    summary = describe_store(store)
+    summary = describe_store(store, images=images, labels=labels)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=1, ensure_ascii=False))
     else:
@@ -240,9 +245,13 @@ def _print_summary(summary: StoreSummary) -> None:
     on_disk = sum(s.bytes for s in m.shards)
     payload = sum(s.payload_bytes for s in m.shards)
     echo = click.echo
-    echo(
-        f"{summary.path}: packer store v{m.format_version}, {m.backend}, made by packer {m.packer_version} on {m.created}"
-    )
+    if m.backend == "pytables":
+        arrays = f"images {m.options['images']}, labels {m.options['labels'] or 'none'}"
+        echo(f"{summary.path}: plain HDF5 file read as a raw store ({arrays}); no checksums")
+    else:
+        echo(
+            f"{summary.path}: packer store v{m.format_version}, {m.backend}, made by packer {m.packer_version} on {m.created}"
+        )
     echo(
         f"records   {m.num_records:,} in {len(m.shards)} shard(s); payload {human_bytes(payload)}, on disk {human_bytes(on_disk)}"
     )
@@ -269,7 +278,10 @@ def _print_summary(summary: StoreSummary) -> None:
         echo(
             f"bytes     {human_bytes(b['min'])}..{human_bytes(b['max'])}, mean {human_bytes(b['mean'])}"
         )
-    echo(f"shuffle   {'seed ' + str(m.seed) if m.shuffled else 'none (sorted path order)'}")
+    if m.backend == "pytables":
+        echo("shuffle   unknown (the reader's chunk reshuffle is all the mixing there is)")
+    else:
+        echo(f"shuffle   {'seed ' + str(m.seed) if m.shuffled else 'none (sorted path order)'}")
     _print_labels(m.label_source, m.label_columns, stats.get("label_counts", []))
     echo(f"skipped   {len(m.skipped)} file(s)")
     reasons = Counter(s["reason"] for s in m.skipped)
@@ -288,7 +300,10 @@ def _print_labels(source: str, columns: list[dict[str, Any]], counts: list[dict[
     if source == "none" or not columns:
         click.echo("labels    none")
         return
-    click.echo(f"labels    from {'class folders' if source == 'folders' else 'a labels file'}")
+    origin = {"folders": "class folders", "csv": "a labels file", "arrays": "the label array"}[
+        source
+    ]
+    click.echo(f"labels    from {origin}")
     for column, column_counts in zip(columns, counts):
         classes = column.get("classes")
         rows = [(classes[int(k)] if classes else k, n) for k, n in column_counts.items()]

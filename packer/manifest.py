@@ -57,6 +57,7 @@ class Storage:
     fit: str | None = None  # crop / pad / stretch, with size
     shape: list[int] | None = None  # [h, w, c] shared by every record (raw + fixed size)
     compression: str | None = None  # HDF5 dataset filter, if any
+    checksums: bool = True  # records carry a CRC-32 (False only for stores made by others)
 
 
 @dataclass

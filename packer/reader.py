@@ -29,10 +29,9 @@ from typing import Any
 import numpy as np
 
 from packer import epoch as plan
-from packer.access import Store
+from packer.access import Store, open_manifest
 from packer.batching import Batch, Window, concat, finish_batch, gather, read_window
 from packer.errors import UsageError
-from packer.manifest import read_manifest
 from packer.prefetch import Prefetcher
 
 __all__ = ["ReaderOptions", "Reader", "open_reader"]
@@ -75,6 +74,8 @@ class ReaderOptions:
     pin_memory: bool = False
     device: str | None = None
     with_paths: bool = False
+    images: str | None = None  # a plain HDF5 file: the image array's path, where not clear
+    labels: str | None = None  # ... and the label array's
     worker: tuple[int, int] | None = None  # (id, count) inside a DataLoader; set by packer.torch
 
     def __post_init__(self) -> None:
@@ -119,7 +120,7 @@ class Reader:
     def __init__(self, path: Path | str, options: ReaderOptions) -> None:
         self.path = Path(path)
         self.options = options
-        self.manifest = read_manifest(self.path)
+        self.manifest = open_manifest(self.path, options.images, options.labels)
         self.rank, self.world_size = _rank_and_world(options.rank, options.world_size)
         counts = [s.num_records for s in self.manifest.shards]
         self.chunk_size = options.chunk_size or _default_chunk_size(
@@ -208,7 +209,7 @@ class Reader:
 
     def _open_store(self) -> Store:
         if self._store is None or self._store_pid != os.getpid():
-            self._store = Store(self.path)
+            self._store = Store(self.path, images=self.options.images, labels=self.options.labels)
             self._store_pid = os.getpid()
         return self._store
 
@@ -223,7 +224,7 @@ class Reader:
             store=store,
             decode=opts.decode,
             mode=opts.mode or self.manifest.storage.mode,
-            verify=opts.verify,
+            verify=opts.verify and self.manifest.storage.checksums,
             on_error=opts.on_error,
             transform=opts.transform,
             collate=opts.collate,
