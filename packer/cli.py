@@ -6,19 +6,20 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from packer import __version__
-from packer.check import StoreSummary, describe_store
+from packer import __version__, look, views
+from packer.access import Store, open_store
+from packer.check import describe_store
 from packer.errors import PackerError, PackInterrupted, UsageError
 from packer.options import PackOptions, parse_hw, parse_size
 from packer.pack import PackResult, pack
 from packer.store import backend_for_path
-from packer.terminal import ProgressLine, bar, human_bytes
+from packer.terminal import ProgressLine, human_bytes
+from packer.verify import verify_store
 
 __all__ = ["main", "cli"]
 
@@ -216,105 +217,151 @@ def _print_pack_summary(result: PackResult) -> None:
 
 @cli.command("inspect")
 @click.argument("store", type=click.Path(path_type=Path))
+@click.option(
+    "--verify", is_flag=True, help="Read every record: checksums, decoding, shard hashes."
+)
+@click.option("--no-decode", is_flag=True, help="With --verify: checksums only, no image decoding.")
+@click.option(
+    "--grid",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PNG",
+    help="Write a contact sheet of sample images with their labels.",
+)
+@click.option("--class", "class_name", metavar="NAME", help="With --grid: only this class.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="With --grid: images on the sheet.",
+)
+@click.option("--head", type=click.IntRange(min=0), metavar="N", help="List the first N records.")
+@click.option("--index", type=click.IntRange(min=0), metavar="I", help="List record I.")
+@click.option(
+    "--extract",
+    nargs=2,
+    type=(int, click.Path(dir_okay=False, path_type=Path)),
+    metavar="I OUT",
+    help="Write record I's image to OUT.",
+)
+@click.option(
+    "--shuffle",
+    is_flag=True,
+    help="How well mixed the stored order is, and what the reader makes of it.",
+)
+@click.option(
+    "--chunk-size", type=click.IntRange(min=1), help="With --shuffle: the reader's chunk_size."
+)
+@click.option(
+    "--buffer-chunks",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="With --shuffle: the reader's buffer_chunks.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="With --shuffle or --bench.",
+)
+@click.option("--bench", is_flag=True, help="Read throughput of this store on this machine.")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --grid or --shuffle.")
 @click.option("--images", metavar="NODE", help="A plain HDF5 file: the image array, e.g. /samples.")
 @click.option("--labels", metavar="NODE", help="A plain HDF5 file: the label array, e.g. /labels.")
-@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
-def inspect_command(store: Path, images: str | None, labels: str | None, as_json: bool) -> None:
-    """Show what is in STORE: records, shards, classes, sizes, how it was made.
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def inspect_command(
+    store: Path, images: str | None, labels: str | None, as_json: bool, **what: Any
+) -> None:
+    """Show what is in STORE: records, shards, classes, sizes, how it was made; or, with one of
+    the options, verify it, list or extract records, draw samples, measure the shuffle or the
+    read speed.
 
     STORE is a packer store, or a plain HDF5 file with an image array and a label array.
 
     \b
     Example:
         packer inspect out.lmdb
+        packer inspect out.lmdb --verify
+        packer inspect out.lmdb --grid sample.png --class cat
+        packer inspect out.lmdb --head 10
+        packer inspect out.lmdb --extract 12 twelve.jpg
+        packer inspect out.lmdb --shuffle --chunk-size 512 --buffer-chunks 8
         packer inspect train.h5 --images /samples --labels /labels
     """
-    summary = describe_store(store, images=images, labels=labels)
+    actions = [
+        a
+        for a in ("verify", "grid", "head", "index", "extract", "shuffle", "bench")
+        if what[a] not in (None, False)
+    ]
+    if len(actions) > 1 and set(actions) != {"head", "index"}:
+        raise UsageError(f"choose one of --{', --'.join(actions)}")
+    action = actions[0] if actions else "summary"
+    if action == "verify":
+        _inspect_verify(store, not what["no_decode"], as_json)
+        return
+    if action == "summary":
+        summary = describe_store(store, images=images, labels=labels)
+        if as_json:
+            _echo_json(summary.to_json())
+        else:
+            views.print_summary(summary)
+        if not summary.ok:
+            sys.exit(1)
+        return
+    with open_store(store, images=images, labels=labels) as opened:
+        result = _look(opened, action, what)
     if as_json:
-        click.echo(json.dumps(summary.to_json(), indent=1, ensure_ascii=False))
+        _echo_json(result)
     else:
-        _print_summary(summary)
-    if not summary.ok:
+        views.print_look(action, result)
+
+
+def _look(store: Store, action: str, what: dict[str, Any]) -> Any:
+    if action == "grid":
+        shown = look.contact_sheet(
+            store,
+            what["grid"],
+            count=what["count"],
+            seed=what["seed"],
+            class_name=what["class_name"],
+        )
+        return {"grid": str(what["grid"]), "indices": shown}
+    if action in ("head", "index"):
+        return look.list_records(store, head=what["head"], index=what["index"])
+    if action == "extract":
+        index, out = what["extract"]
+        return {"index": index, "written": str(look.extract(store, index, out))}
+    if action == "shuffle":
+        return look.shuffle_quality(
+            store,
+            chunk_size=what["chunk_size"],
+            buffer_chunks=what["buffer_chunks"],
+            seed=what["seed"],
+            batch_size=what["batch_size"],
+        )
+    return look.bench_store(store, batch_size=what["batch_size"])
+
+
+def _inspect_verify(store: Path, decode: bool, as_json: bool) -> None:
+    line = ProgressLine(enabled=not as_json)
+    try:
+        report = verify_store(
+            store, decode=decode, progress=lambda done, total: line("verify", done, total)
+        )
+    finally:
+        line.finish()
+    if as_json:
+        _echo_json(report.to_json())
+    else:
+        views.print_verify(report)
+    if not report.ok:
         sys.exit(1)
 
 
-def _print_summary(summary: StoreSummary) -> None:
-    m = summary.manifest
-    st = m.storage
-    stats = m.stats
-    on_disk = sum(s.bytes for s in m.shards)
-    payload = sum(s.payload_bytes for s in m.shards)
-    echo = click.echo
-    if m.backend == "pytables":
-        arrays = f"images {m.options['images']}, labels {m.options['labels'] or 'none'}"
-        echo(f"{summary.path}: plain HDF5 file read as a raw store ({arrays}); no checksums")
-    else:
-        echo(
-            f"{summary.path}: packer store v{m.format_version}, {m.backend}, made by packer {m.packer_version} on {m.created}"
-        )
-    echo(
-        f"records   {m.num_records:,} in {len(m.shards)} shard(s); payload {human_bytes(payload)}, on disk {human_bytes(on_disk)}"
-    )
-    formats = ", ".join(f"{k} {v:,}" for k, v in stats.get("formats", {}).items())
-    what = {
-        "original": "original file bytes",
-        "encoded": f"re-encoded {st.encoding}",
-        "raw": "raw uint8 pixels",
-    }[st.payload]
-    resize = (
-        f", max side {st.max_side}"
-        if st.max_side
-        else f", size {st.size[0]}x{st.size[1]} ({st.fit})"
-        if st.size
-        else ""
-    )
-    echo(f"storage   {what}{resize}; colour {st.mode}; formats: {formats}")
-    if st.shape:
-        echo(f"shape     every image {st.shape[0]}x{st.shape[1]}x{st.shape[2]}")
-    h, w, b = stats.get("height", {}), stats.get("width", {}), stats.get("payload_bytes", {})
-    if h.get("count"):
-        echo(f"height    {h['min']}..{h['max']} px, mean {h['mean']:.0f}")
-        echo(f"width     {w['min']}..{w['max']} px, mean {w['mean']:.0f}")
-        echo(
-            f"bytes     {human_bytes(b['min'])}..{human_bytes(b['max'])}, mean {human_bytes(b['mean'])}"
-        )
-    if m.backend == "pytables":
-        echo("shuffle   unknown (the reader's chunk reshuffle is all the mixing there is)")
-    else:
-        echo(f"shuffle   {'seed ' + str(m.seed) if m.shuffled else 'none (sorted path order)'}")
-    _print_labels(m.label_source, m.label_columns, stats.get("label_counts", []))
-    echo(f"skipped   {len(m.skipped)} file(s)")
-    reasons = Counter(s["reason"] for s in m.skipped)
-    for reason, count in reasons.most_common(5):
-        echo(f"  {count:6}  {reason}")
-    echo("shards")
-    for shard in m.shards:
-        echo(
-            f"  {shard.file}  {shard.num_records:>9,} records  {human_bytes(shard.bytes):>9}  sha256 {shard.sha256[:12]}"
-        )
-    for problem in summary.problems:
-        echo(f"PROBLEM   {problem}", err=True)
-
-
-def _print_labels(source: str, columns: list[dict[str, Any]], counts: list[dict[str, int]]) -> None:
-    if source == "none" or not columns:
-        click.echo("labels    none")
-        return
-    origin = {"folders": "class folders", "csv": "a labels file", "arrays": "the label array"}[
-        source
-    ]
-    click.echo(f"labels    from {origin}")
-    for column, column_counts in zip(columns, counts):
-        classes = column.get("classes")
-        rows = [(classes[int(k)] if classes else k, n) for k, n in column_counts.items()]
-        kind = f"{len(classes)} classes" if classes else f"{len(rows)} integer values"
-        click.echo(f"  {column['name']}: {kind}")
-        top = max((n for _, n in rows), default=1)
-        width = max((len(str(name)) for name, _ in rows[:30]), default=1)
-        for name, n in rows[:30]:
-            click.echo(f"    {str(name):<{width}}  {n:>8,}  {bar(n / top, 30)}")
-        if len(rows) > 30:
-            click.echo(f"    ... {len(rows) - 30} more (--json lists all)")
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=1, ensure_ascii=False))
 
 
 def main() -> None:
