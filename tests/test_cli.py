@@ -177,3 +177,37 @@ def test_progress_line_draws_on_a_terminal_only() -> None:
     assert "scan     5,000 files" in drawn and "10/10" in drawn and "█" * 30 in drawn
     assert drawn.endswith("\r")  # the line is cleared for what is printed next
     assert ProgressLine(_Terminal(), enabled=False).enabled is False  # --quiet
+
+
+def test_inspect_modes(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.lmdb"
+    run("pack", str(image_dir), str(out), "--seed", "1", "--workers", "2")
+    code, text, _ = run("inspect", str(out), "--verify")
+    assert code == 0 and text.startswith(f"{out}: OK: 21 records in 1 shard(s) checked")
+    code, text, _ = run("inspect", str(out), "--head", "2", "--json")
+    listed = json.loads(text)
+    assert code == 0 and [r["index"] for r in listed] == [0, 1]
+    code, text, _ = run("inspect", str(out), "--extract", "1", str(tmp_path / "one.jpg"))
+    assert code == 0 and (tmp_path / "one.jpg").read_bytes()[:2] in (b"\xff\xd8", b"\x89P")
+    code, text, _ = run(
+        "inspect", str(out), "--grid", str(tmp_path / "g.png"), "--count", "4", "--class", "dog"
+    )
+    assert code == 0 and (tmp_path / "g.png").is_file() and "4 images" in text
+    code, text, _ = run("inspect", str(out), "--shuffle", "--chunk-size", "4", "--json")
+    assert code == 0 and {"stored", "reader"} <= set(json.loads(text))
+    code, _, err = run("inspect", str(out), "--verify", "--bench")
+    assert code == 1 and "choose one of --verify, --bench" in err
+
+
+def test_inspect_verify_names_a_damaged_record(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.h5"
+    run("pack", str(image_dir), str(out), "--seed", "1", "--workers", "2")
+    shard = out / "shard-00000.h5"
+    data = bytearray(shard.read_bytes())
+    source = (image_dir / "cat" / "cat_1.jpg").read_bytes()
+    at = data.find(source[100:140])
+    data[at] ^= 0x10
+    shard.write_bytes(bytes(data))
+    code, text, err = run("inspect", str(out), "--verify")
+    assert code == 1 and "PROBLEM" in text
+    assert "(cat/cat_1.jpg): checksum" in err or "(cat/cat_1.jpg)" in err
