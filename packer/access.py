@@ -150,12 +150,40 @@ class Store:
 
     def records(self) -> Iterator[Record]:
         """Every record in store order, read shard by shard in sequential blocks."""
-        for number, info in enumerate(self.manifest.shards):
-            reader = self.shard(number)
-            for start in range(0, info.num_records, 1024):
-                block = reader.read_block(start, min(start + 1024, info.num_records))
-                for i in range(len(block)):
-                    yield block.record(i)
+        for _, record in self.indexed_records(verify=False):
+            yield record
+
+    def indexed_records(
+        self, shard: int | None = None, verify: bool = True
+    ) -> Iterator[tuple[int, Record]]:
+        """(global index, record) of every record (of one shard), in order, read in sequential
+        blocks of at most 1024 records or 64 MB. With ``verify``, a CRC mismatch or a raw
+        payload of the wrong length raises CorruptRecordError naming the record; a damaged
+        value or column raises StoreError naming the records of the block."""
+        numbers = range(len(self.manifest.shards)) if shard is None else [shard]
+        starts = self.manifest.shard_starts()
+        raw = self.manifest.storage.payload == "raw"
+        for number in numbers:
+            info, first, reader = self.manifest.shards[number], starts[number], self.shard(number)
+            mean = info.payload_bytes // info.num_records if info.num_records else 0
+            step = max(1, min(1024, (64 << 20) // max(1, mean)))
+            for start in range(0, info.num_records, step):
+                stop = min(start + step, info.num_records)
+                try:
+                    block = reader.read_block(start, stop)
+                except (ValueError, KeyError, TypeError, OSError) as e:  # a damaged value
+                    raise StoreError(
+                        f"{self.path}: {info.file}: records {first + start}..{first + stop - 1}: {e}"
+                    ) from e
+                for row in range(len(block)):
+                    record, index = block.record(row), first + start + row
+                    if verify and self.manifest.storage.checksums:
+                        reason = _damage(record, raw)
+                        if reason is not None:
+                            raise CorruptRecordError(
+                                str(self.path), info.file, index, record.path, reason
+                            )
+                    yield index, record
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(height x width x channels uint8 image, labels) of record ``index``, decoded."""
@@ -197,6 +225,15 @@ class Store:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], images=state["images"], labels=state["labels"])  # type: ignore[misc]
+
+
+def _damage(record: Record, raw: bool) -> str | None:
+    if checksum(record.data) != record.crc32:
+        return "checksum mismatch"
+    h, w, c = record.shape
+    if raw and len(record.data) != h * w * c:
+        return f"{len(record.data)} payload bytes do not make shape {list(record.shape)}"
+    return None
 
 
 def record_pixels(record: Record, mode: str = "RGB") -> np.ndarray:

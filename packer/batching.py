@@ -53,10 +53,23 @@ class Batch:
     nbytes: int  # payload bytes read for it
 
 
-def read_window(store: Store, spans: Sequence[Span], fixed_shape: Sequence[int] | None) -> Window:
-    """Read ``spans`` (one sequential read each) into one Window."""
+def read_window(
+    store: Store,
+    spans: Sequence[Span],
+    fixed_shape: Sequence[int] | None,
+    reuse: np.ndarray | None = None,
+) -> Window:
+    """Read ``spans`` (one sequential read each) into one Window.
+
+    For raw pixels of one shape the records land in one (n, h, w, c) array: ``reuse`` (the
+    previous window's array, once nothing refers to it) saves allocating and faulting in a
+    new one per window.
+    """
     total = sum(len(s) for s in spans)
-    out = np.empty((total, *fixed_shape), np.uint8) if fixed_shape else None
+    out = None
+    if fixed_shape:
+        fits = reuse is not None and len(reuse) >= total
+        out = reuse[:total] if fits else np.empty((total, *fixed_shape), np.uint8)  # type: ignore[index]
     starts = store.manifest.shard_starts()
     blocks, row = [], 0
     for span in spans:

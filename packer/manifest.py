@@ -7,6 +7,7 @@ without one is an unfinished pack, never a store.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -42,6 +43,17 @@ class ShardInfo:
     bytes: int  # size of the shard file
     sha256: str  # of the shard file
     payload_bytes: int  # sum of the records' payloads
+
+    @classmethod
+    def of_file(cls, path: Path, num_records: int, payload_bytes: int) -> ShardInfo:
+        """Describe a finished shard file: its size and sha256, read in 4 MB pieces."""
+        digest = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(4 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        return cls(path.name, num_records, size, digest.hexdigest(), payload_bytes)
 
 
 @dataclass

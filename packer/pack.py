@@ -12,7 +12,6 @@ workers, and memory stays bounded whatever the size of the folder.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import multiprocessing
 import shutil
@@ -38,7 +37,7 @@ from packer.record import Record, checksum
 from packer.scan import Skipped
 from packer.shuffle import new_seed, permutation
 from packer.source import Source, SourceItem, load_source
-from packer.staging import Staging
+from packer.staging import Staging, describe_write_error
 from packer.stats import RecordStats
 from packer.store import ShardMeta, backend_for_path, open_shard_writer, shard_name
 
@@ -135,7 +134,9 @@ def pack(
         lmdb.Error,
     ) as e:  # disk full, I/O error, quota: the store's fault, not a file's
         staging.discard()
-        raise StoreError(f"{output}: {_write_error(e, output.parent)}; nothing was written") from e
+        raise StoreError(
+            f"{output}: {describe_write_error(e, output.parent, 'pack')}; nothing was written"
+        ) from e
     except BaseException:
         staging.discard()
         raise
@@ -222,7 +223,7 @@ def _write_shards(
                     shapes,
                     progress,
                 )
-                hashes.append(hasher.submit(_shard_info, path, count, payload_bytes))
+                hashes.append(hasher.submit(ShardInfo.of_file, path, count, payload_bytes))
             written.shards = [h.result() for h in hashes]
     finally:
         records.close()  # stops the read-ahead thread on an error
@@ -392,16 +393,6 @@ def _result(
         ) from e
 
 
-def _shard_info(path: Path, num_records: int, payload_bytes: int) -> ShardInfo:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return ShardInfo(path.name, num_records, size, digest.hexdigest(), payload_bytes)
-
-
 def _storage(options: PackOptions, common_shape: list[int] | None) -> Storage:
     return Storage(
         payload=options.payload,
@@ -437,11 +428,3 @@ def _manifest(src: Source, written: _Written, options: PackOptions, seed: int) -
             "packed_bytes": written.source_bytes,
         },
     )
-
-
-def _write_error(e: Exception, folder: Path) -> str:
-    """Name a full disk as such: LMDB reports a short write as a plain I/O error (EIO)."""
-    free = shutil.disk_usage(folder).free
-    if getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or free < 64 << 20:
-        return f"no space left on device ({free:,} bytes free); free some space and pack again"
-    return str(e)

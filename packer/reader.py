@@ -252,12 +252,19 @@ class Reader:
         fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
         carry: list[Window] = []
         carried = 0
+        window: Window | None = None
         for index, spans in enumerate(plan.windows(self._spans(epoch), opts.buffer_chunks)):
             size = sum(len(s) for s in spans)
             if skip >= size:  # resuming: whole windows before the resume point are not read
                 skip -= size
                 continue
-            window = read_window(store, spans, fixed)
+            # Batches are gathered copies, so the last window's array is free to reuse; and
+            # dropping the window before reading the next keeps one window alive, not two.
+            reuse = (
+                window.data if window is not None and isinstance(window.data, np.ndarray) else None
+            )
+            window = None
+            window = read_window(store, spans, fixed, reuse)
             order = plan.window_order(size, stream, index) if opts.shuffle else np.arange(size)
             order = order[skip:]
             skip = 0

@@ -7,6 +7,7 @@ nothing appears under the final name until every shard and the manifest are on d
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 from packer.errors import StoreError, StoreExistsError
 from packer.manifest import MANIFEST_NAME, fsync_dir
 
-__all__ = ["Staging", "partial_path"]
+__all__ = ["Staging", "partial_path", "describe_write_error"]
 
 log = logging.getLogger(__name__)
 _LOCK_NAME = ".lock"
@@ -79,6 +80,15 @@ class Staging:
         """Remove the staged folder (after an error or Ctrl-C): nothing is left behind."""
         shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._lock_fd)
+
+
+def describe_write_error(e: Exception, folder: Path, action: str) -> str:
+    """One line for an error while writing a store; a full disk is named as such, since LMDB
+    reports a short write as a plain I/O error (EIO)."""
+    free = shutil.disk_usage(folder).free
+    if getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or free < 64 << 20:
+        return f"no space left on device ({free:,} bytes free); free some space and {action} again"
+    return str(e)
 
 
 def _is_replaceable(path: Path) -> bool:

@@ -16,8 +16,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from packer import imaging
 from packer.manifest import Manifest, ShardInfo, read_manifest
 from packer.record import Block, checksum
@@ -30,7 +28,7 @@ log = logging.getLogger(__name__)
 _BLOCK = 1024  # records per sequential read
 _HASH_READ = 4 << 20
 # Backends that map the shard file into memory: touching a page past the end of a truncated
-# file kills the process with SIGBUS (seen with LMDB), so a short file is never opened.
+# file kills the process with SIGBUS (seen with LMDB), so a short file of theirs is not opened.
 _MAPPED = {"lmdb"}
 
 
@@ -69,8 +67,8 @@ class VerifyReport:
         }
 
 
-class _Problems:
-    """Keeps the first ``limit`` problems and counts the rest."""
+class _Findings:
+    """The first ``limit`` problems, and a count of the rest."""
 
     def __init__(self, limit: int) -> None:
         self.listed: list[Problem] = []
@@ -91,24 +89,23 @@ def verify_store(
     progress: Callable[[int, int], None] | None = None,
     max_problems: int = 1000,
 ) -> VerifyReport:
-    """Check every shard file and read every record of a store once, in order.
+    """Check every shard file of a store and read each of its records once, in order.
 
-    Checks each shard file's presence, size and sha256 against the manifest, that it opens
-    and holds the manifest's record count, and each record's CRC-32; with ``decode`` also
-    that each payload decodes to the shape stored for it. The shard files are read through
-    the backends directly, so a damaged one is a problem in the report, not an exception.
+    Each shard file must be present with the manifest's size and sha256, open, and hold
+    the manifest's record count; each record must match its CRC-32 and, with ``decode``,
+    decode to the shape stored for it. Shards are read through the backends directly, so
+    a damaged one becomes a problem in the report rather than an exception.
 
     Args:
         path: the store folder.
-        decode: decode every image (the slow part) besides checking checksums.
-        progress: called as ``progress(done, total)`` after each block, where ``done``
-            counts the store's records gone through so far (checked, or given up on with
-            their shard); it never decreases and ends at ``total``, the store's record count.
-        max_problems: problems listed at most; one last problem then says how many more
-            were found.
+        decode: also decode every image (the slow part), not only check checksums.
+        progress: called as ``progress(done, total)`` with strictly increasing ``done``,
+            from 0 to ``total`` (the manifest's record count): the records gone through so
+            far, checked or given up on with their shard.
+        max_problems: list at most this many; one last problem then says how many more.
 
     Returns:
-        The report; ``report.ok`` is true only if nothing at all was found wrong.
+        The report; ``report.ok`` only if nothing at all was found wrong.
 
     Raises:
         ManifestError: the manifest is missing or unreadable (IncompleteStoreError for an
@@ -120,30 +117,42 @@ def verify_store(
     started = time.perf_counter()
     store = Path(path)
     manifest = read_manifest(store)
-    found = _Problems(max_problems)
+    total = manifest.num_records
+    reported = -1
+
+    def advance(done: int) -> None:
+        nonlocal reported
+        if progress is not None and done > reported:
+            reported = done
+            progress(done, total)
+
+    found = _Findings(max_problems)
     checked = 0
+    advance(0)
     for info, start in zip(manifest.shards, manifest.shard_starts()):
-
-        def advance(offset: int, start: int = start) -> None:
-            if progress is not None:
-                progress(start + offset, manifest.num_records)
-
-        if _check_file(store / info.file, info, manifest.backend, found):
-            checked += _check_records(store / info.file, info, start, manifest, decode, found, advance)
-        advance(info.num_records)
-        log.debug("%s: %s checked, %d problems so far", store, info.file, len(found.listed))
-    if checked != manifest.num_records:
-        found.add("", None, None, f"{checked:,} of the manifest's {manifest.num_records:,} records could be checked")
+        file = store / info.file
+        if _check_file(file, info, manifest.backend, found):
+            checked += _check_records(file, info, start, manifest, decode, found, advance)
+        advance(start + info.num_records)
+        log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
+    if checked != total:
+        found.add("", None, None, f"{checked:,} of the manifest's {total:,} records were checked")
     if found.unlisted:
         found.listed.append(Problem("", None, None, f"{found.unlisted:,} more problems not listed"))
     seconds = time.perf_counter() - started
     return VerifyReport(store, checked, len(manifest.shards), found.listed, seconds)
 
 
-def _check_file(file: Path, info: ShardInfo, backend: str, found: _Problems) -> bool:
-    """Size and sha256 of one shard file; returns whether its records can safely be read."""
+def _check_file(file: Path, info: ShardInfo, backend: str, found: _Findings) -> bool:
+    """Size and sha256 of one shard file; returns whether its records can be read safely."""
     try:
         size = file.stat().st_size
+        if size != info.bytes:
+            found.add(
+                info.file, None, None, f"{size:,} bytes on disk, manifest says {info.bytes:,}"
+            )
+            # A short file of a mapped backend could crash this process (see _MAPPED).
+            return not (size < info.bytes and backend in _MAPPED)
         digest = hashlib.sha256()
         with open(file, "rb") as f:
             while chunk := f.read(_HASH_READ):
@@ -154,13 +163,9 @@ def _check_file(file: Path, info: ShardInfo, backend: str, found: _Problems) -> 
     except OSError as e:
         found.add(info.file, None, None, f"cannot read the shard file: {e.strerror or e}")
         return False
-    if size != info.bytes:
-        found.add(info.file, None, None, f"{size:,} bytes on disk, the manifest says {info.bytes:,}")
-        if size < info.bytes and backend in _MAPPED:
-            return False  # truncated: reading it could crash this process (see _MAPPED)
-    elif digest.hexdigest() != info.sha256:
+    if digest.hexdigest() != info.sha256:
         found.add(info.file, None, None, "sha256 mismatch: the file changed after it was packed")
-    return True
+    return True  # still read: the records say which of them the change damaged
 
 
 def _check_records(
@@ -169,7 +174,7 @@ def _check_records(
     start: int,
     manifest: Manifest,
     decode: bool,
-    found: _Problems,
+    found: _Findings,
     advance: Callable[[int], None],
 ) -> int:
     """Read and check one shard's records; returns how many were read and checksummed."""
@@ -178,23 +183,29 @@ def _check_records(
     except Exception as e:  # noqa: BLE001 - any library error on a damaged file is a finding
         found.add(info.file, None, None, f"does not open: {type(e).__name__}: {e}")
         return 0
+    mode = manifest.storage.mode
+    max_pixels = int(manifest.options.get("max_pixels") or imaging.DEFAULT_MAX_PIXELS)
     checked = 0
     try:
         count = len(reader)
         if count != info.num_records:
-            found.add(info.file, None, None, f"holds {count:,} records, the manifest says {info.num_records:,}")
-        count = min(count, info.num_records)  # never trust a damaged shard's count past the manifest
-        max_pixels = manifest.options.get("max_pixels", imaging.DEFAULT_MAX_PIXELS)
+            reason = f"holds {count:,} records, manifest says {info.num_records:,}"
+            found.add(info.file, None, None, reason)
+        count = min(count, info.num_records)  # a damaged count must not lead past the manifest
         for first in range(0, count, _BLOCK):
             last = min(first + _BLOCK, count)
             try:
                 blocks = [(first, reader.read_block(first, last))]
-            except Exception:  # noqa: BLE001 - find which record failed, one at a time
+            except Exception:  # noqa: BLE001 - find out which records fail, one at a time
                 blocks = _one_by_one(reader, info.file, start, first, last, found)
             for offset, block in blocks:
-                checked += _check_block(block, info.file, start + offset, manifest, decode, max_pixels, found)
-            advance(last)
-    except Exception as e:  # noqa: BLE001 - e.g. len() of a shard whose metadata is garbage
+                for i in range(len(block)):
+                    problem = _record_problem(block, i, mode, decode, max_pixels)
+                    if problem is not None:
+                        found.add(info.file, start + offset + i, block.paths[i], problem)
+                checked += len(block)
+            advance(start + last)
+    except Exception as e:  # noqa: BLE001 - e.g. a shard whose own metadata is garbage
         found.add(info.file, None, None, f"cannot be read: {type(e).__name__}: {e}")
     finally:
         try:
@@ -205,9 +216,9 @@ def _check_records(
 
 
 def _one_by_one(
-    reader: ShardReader, shard: str, start: int, first: int, last: int, found: _Problems
+    reader: ShardReader, shard: str, start: int, first: int, last: int, found: _Findings
 ) -> list[tuple[int, Block]]:
-    """Read records ``first:last`` singly after their block read failed, naming each bad one."""
+    """Read records ``first:last`` singly after their block failed, naming each that fails."""
     blocks = []
     for i in range(first, last):
         try:
@@ -217,38 +228,29 @@ def _one_by_one(
     return blocks
 
 
-def _check_block(
-    block: Block,
-    shard: str,
-    index: int,
-    manifest: Manifest,
-    decode: bool,
-    max_pixels: int,
-    found: _Problems,
-) -> int:
-    """Check the records of one block, the first of which is record ``index`` of the store."""
-    mode = manifest.storage.mode
-    for i in range(len(block)):
-        payload, path = block.data[i], block.paths[i]
-        height, width, channels = (int(v) for v in block.shapes[i])
-        if checksum(payload) != int(block.crc32[i]):
-            found.add(shard, index + i, path, "checksum mismatch")
-            continue  # decoding damaged bytes would only repeat the finding
-        if not decode:
-            continue
-        if block.formats[i] == "raw":  # uint8 pixels: the length is all there is to check
-            size = payload.nbytes if isinstance(payload, (np.ndarray, memoryview)) else len(payload)
-            if size != height * width * channels:
-                found.add(shard, index + i, path, f"raw payload is {size:,} bytes, shape {height}x{width}x{channels} needs {height * width * channels:,}")
-            elif channels not in imaging.CHANNELS.values() or (mode != "keep" and channels != imaging.CHANNELS[mode]):
-                found.add(shard, index + i, path, f"{channels} channels stored, the store's colour mode is {mode}")
-            continue
-        try:
-            im, _ = imaging.decode(bytes(payload), mode, max_pixels)
-            shape = imaging.to_array(im).shape
-        except Exception as e:  # noqa: BLE001 - any decoder error means the record is unusable
-            found.add(shard, index + i, path, f"does not decode: {type(e).__name__}: {e}")
-            continue
-        if shape != (height, width, channels):
-            found.add(shard, index + i, path, f"decodes to {'x'.join(map(str, shape))}, the stored shape is {height}x{width}x{channels}")
-    return len(block)
+def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: int) -> str | None:
+    """What is wrong with record ``i`` of ``block``, or None."""
+    payload = block.data[i]
+    stored = tuple(int(v) for v in block.shapes[i])
+    if checksum(payload) != int(block.crc32[i]):
+        return "checksum mismatch"  # decoding bytes known to be damaged would add nothing
+    if not decode:
+        return None
+    if block.formats[i] == "raw":  # pixels: their count is all there is to check
+        size, needed = memoryview(payload).nbytes, stored[0] * stored[1] * stored[2]
+        if size != needed:
+            return f"{size:,} raw bytes, shape {_shape(stored)} needs {needed:,}"
+        allowed = set(imaging.CHANNELS.values()) if mode == "keep" else {imaging.CHANNELS[mode]}
+        return None if stored[2] in allowed else f"shape {_shape(stored)} is not {mode} pixels"
+    try:
+        im, _ = imaging.decode(bytes(payload), mode, max_pixels)
+        decoded = (im.height, im.width, imaging.CHANNELS[im.mode])
+    except Exception as e:  # noqa: BLE001 - any decoder error means the record is unusable
+        return f"does not decode: {type(e).__name__}: {e}"
+    if decoded != stored:
+        return f"decodes to {_shape(decoded)}, stored shape is {_shape(stored)}"
+    return None
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))

@@ -168,6 +168,18 @@ def _ensure_space(path: Path, nbytes: int) -> None:
         raise OSError(errno.ENOSPC, f"No space left on device ({free:,} bytes free)", str(path))
 
 
+def _with_chunk_cache(f: h5py.File, name: str) -> h5py.Dataset:
+    """The payload dataset; a compressed one gets a chunk cache of a few chunks, so that reads
+    smaller than a chunk do not decompress the same chunk again and again."""
+    dataset = f[name]
+    if dataset.compression is None:
+        return dataset
+    chunk_bytes = int(np.prod(dataset.chunks)) * dataset.dtype.itemsize
+    access = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    access.set_chunk_cache(521, 4 * chunk_bytes, 1.0)
+    return h5py.Dataset(h5py.h5d.open(f.id, name.encode(), access))
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -182,15 +194,23 @@ class Hdf5ShardReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = h5py.File(path, "r", locking=False)
+        # No chunk cache for uncompressed data: a read slices straight from the file. With the
+        # default 8 MiB cache, shuffled sub-chunk reads pulled whole 4-16 MiB chunks each time
+        # (scripts/bench_reader.py: raw epochs twice as fast without it).
+        self._file = h5py.File(path, "r", locking=False, rdcc_nbytes=0)
         try:
             self.meta: dict[str, Any] = json.loads(self._file.attrs["packer"])
         except (KeyError, ValueError) as e:
             self._file.close()
             raise ValueError(f"{path}: not a packer shard (no valid 'packer' attribute)") from e
         self._len = int(self.meta["num_records"])
-        self._raw = "images" in self._file
-        self._format_names: list[str] = json.loads(self._file["formats"].attrs["format_names"])
+        f = self._file
+        self._raw = "images" in f
+        self._payload = _with_chunk_cache(f, "images" if self._raw else "data")
+        self._offsets = None if self._raw else f["offsets"]
+        self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
+        self._formats, self._paths = f["formats"], f["paths"].asstr()
+        self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
 
     def __len__(self) -> int:
         return self._len
@@ -198,27 +218,27 @@ class Hdf5ShardReader:
     def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
-        f = self._file
         data: list[bytes | memoryview] | np.ndarray
         if self._raw and out is not None:  # straight into the caller's buffer: no extra copy
             data = out[: stop - start]
             if stop > start:
-                f["images"].read_direct(data, np.s_[start:stop], np.s_[0 : stop - start])
+                self._payload.read_direct(data, np.s_[start:stop], np.s_[0 : stop - start])
         elif self._raw:
-            data = f["images"][start:stop]
+            data = self._payload[start:stop]
         else:
-            offsets = f["offsets"][start : stop + 1].astype(np.int64)
-            payload = memoryview(f["data"][offsets[0] : offsets[-1]])
+            assert self._offsets is not None
+            offsets = self._offsets[start : stop + 1].astype(np.int64)
+            payload = memoryview(self._payload[offsets[0] : offsets[-1]])
             bounds = (offsets - offsets[0]).tolist()
             data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         names = self._format_names
         return Block(
             data=data,
-            labels=f["labels"][start:stop],
-            paths=list(f["paths"].asstr()[start:stop]),
-            crc32=f["crc32"][start:stop],
-            shapes=f["shapes"][start:stop],
-            formats=[names[i] for i in f["formats"][start:stop]],
+            labels=self._labels[start:stop],
+            paths=list(self._paths[start:stop]),
+            crc32=self._crc32[start:stop],
+            shapes=self._shapes[start:stop],
+            formats=[names[i] for i in self._formats[start:stop]],
         )
 
     def read_record(self, index: int) -> Record:
