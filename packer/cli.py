@@ -14,11 +14,13 @@ import click
 from packer import __version__, look, views
 from packer.access import Store, open_store
 from packer.check import describe_store
+from packer.convert import convert_store
 from packer.errors import PackerError, PackInterrupted, UsageError
 from packer.options import PackOptions, parse_hw, parse_size
 from packer.pack import PackResult, pack
 from packer.store import backend_for_path
 from packer.terminal import ProgressLine, human_bytes
+from packer.unpack import unpack_store
 from packer.verify import verify_store
 
 __all__ = ["main", "cli"]
@@ -362,6 +364,109 @@ def _inspect_verify(store: Path, decode: bool, as_json: bool) -> None:
 
 def _echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=1, ensure_ascii=False))
+
+
+@cli.command("unpack")
+@click.argument("store", type=click.Path(exists=True, path_type=Path))
+@click.argument("outdir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--layout",
+    type=click.Choice(["paths", "classes"]),
+    default="paths",
+    show_default=True,
+    help="paths: each file at its original relative path; classes: OUTDIR/<class>/<name>.",
+)
+@click.option("--overwrite", is_flag=True, help="Write into an existing, non-empty OUTDIR.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def unpack_command(
+    store: Path, outdir: Path, layout: str, overwrite: bool, quiet: bool, as_json: bool
+) -> None:
+    """Write every record of STORE back as a file under OUTDIR.
+
+    Stores of original bytes give back files byte-identical to the packed ones.
+
+    \b
+    Example:
+        packer unpack out.lmdb ./restored
+        packer unpack out.lmdb ./by-class --layout classes
+    """
+    line = ProgressLine(enabled=not quiet)
+    try:
+        result = unpack_store(
+            store,
+            outdir,
+            layout=layout,
+            overwrite=overwrite,
+            progress=lambda done, total: line("unpack", done, total),
+        )
+    finally:
+        line.finish()
+    data = result.to_json()
+    if as_json:
+        _echo_json(data)
+    elif not quiet:
+        click.echo(
+            f"wrote {data['files']:,} files ({human_bytes(data['bytes'])}) to {data['outdir']} in {data['seconds']:.1f}s"
+        )
+
+
+@cli.command("convert")
+@click.argument("source", type=click.Path(exists=True, path_type=Path))
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.option(
+    "--backend",
+    type=click.Choice(["lmdb", "hdf5"]),
+    help="Default: from DEST's suffix (.lmdb, .h5).",
+)
+@click.option(
+    "--shard-size", metavar="SIZE", help="Cut new shards of about SIZE (default: the same shards)."
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing store at DEST.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def convert_command(
+    source: Path,
+    dest: Path,
+    backend: str | None,
+    shard_size: str | None,
+    overwrite: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Copy the store SOURCE into a new store DEST of the other backend, without decoding:
+    same records, order, labels, paths and checksums.
+
+    \b
+    Example:
+        packer convert out.lmdb out.h5
+    """
+    line = ProgressLine(enabled=not quiet)
+    try:
+        manifest = convert_store(
+            source,
+            dest,
+            backend=backend,
+            overwrite=overwrite,
+            shard_size=parse_size(shard_size) if shard_size else None,
+            progress=lambda done, total: line("convert", done, total),
+        )
+    finally:
+        line.finish()
+    summary: dict[str, Any] = {
+        "store": str(dest),
+        "backend": manifest.backend,
+        "records": manifest.num_records,
+        "shards": len(manifest.shards),
+        "bytes": sum(s.bytes for s in manifest.shards),
+    }
+    if as_json:
+        _echo_json(summary)
+    elif not quiet:
+        click.echo(
+            f"converted {summary['records']:,} records into {dest} ({manifest.backend}, "
+            f"{summary['shards']} shard(s), {human_bytes(summary['bytes'])})"
+        )
 
 
 def main() -> None:

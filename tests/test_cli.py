@@ -211,3 +211,18 @@ def test_inspect_verify_names_a_damaged_record(image_dir: Path, tmp_path: Path) 
     code, text, err = run("inspect", str(out), "--verify")
     assert code == 1 and "PROBLEM" in text
     assert "(cat/cat_1.jpg): checksum" in err or "(cat/cat_1.jpg)" in err
+
+
+def test_unpack_and_convert_commands(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.lmdb"
+    run("pack", str(image_dir), str(out), "--workers", "2")
+    code, text, _ = run("unpack", str(out), str(tmp_path / "back"))
+    assert code == 0 and text.startswith("wrote 21 files")
+    for source in image_dir.rglob("*.*"):
+        assert (
+            tmp_path / "back" / source.relative_to(image_dir)
+        ).read_bytes() == source.read_bytes()
+    code, text, _ = run("convert", str(out), str(tmp_path / "o.h5"), "--json")
+    assert code == 0 and json.loads(text)["backend"] == "hdf5" and json.loads(text)["records"] == 21
+    code, _, err = run("convert", str(out), str(tmp_path / "o.h5"))
+    assert code == 1 and "already exists" in err
