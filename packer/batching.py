@@ -149,6 +149,15 @@ def finish_batch(
     A bad record raises CorruptRecordError naming store, shard, record and original path,
     or with ``on_error="skip"`` is logged, counted and left out of the batch.
     """
+    if isinstance(window.data, np.ndarray) and transform is None and collate is None:
+        # Raw pixels of one shape: the batch is already one array. Only the checksums are
+        # per record, and a damaged record sends the batch down the general path below.
+        intact = not verify or all(
+            checksum(row) == crc for row, crc in zip(window.data, window.crc32.tolist())
+        )
+        if intact:
+            labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
+            return Batch(window.data, labels, window.paths, 0, window.data.nbytes)
     images: list[Any] = []
     keep: list[int] = []
     for i in range(len(window)):

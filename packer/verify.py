@@ -4,6 +4,11 @@ Damage is reported, never raised: a missing, resized or changed shard file, a sh
 not open, a record that fails its checksum or does not decode each become a ``Problem`` naming
 the shard, the record's global index and its original path, and the check goes on. Only a
 manifest that cannot be read raises (``ManifestError``): without it there is nothing to check.
+
+Known limit: a shard whose bytes changed is still read, in this process, to name the records
+the change damaged, and neither LMDB (no page checksums) nor libhdf5 defends against every
+damaged page or metadata block: a single flipped bit there can kill the process (SIGSEGV,
+SIGBUS, or an LMDB assertion's SIGABRT). Only a truncated LMDB file is refused before reading.
 """
 
 from __future__ import annotations
@@ -184,9 +189,9 @@ def _check_records(
         found.add(info.file, None, None, f"does not open: {type(e).__name__}: {e}")
         return 0
     mode = manifest.storage.mode
-    max_pixels = int(manifest.options.get("max_pixels") or imaging.DEFAULT_MAX_PIXELS)
     checked = 0
     try:
+        max_pixels = int(manifest.options.get("max_pixels") or imaging.DEFAULT_MAX_PIXELS)
         count = len(reader)
         if count != info.num_records:
             reason = f"holds {count:,} records, manifest says {info.num_records:,}"
