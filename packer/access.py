@@ -115,6 +115,13 @@ class Store:
         reader = self._readers.get(number)
         if reader is None:
             info = self.manifest.shards[number]
+            file = self.path / info.file
+            if self.manifest.backend != "pytables" and file.stat().st_size != info.bytes:
+                # LMDB maps the whole file: reading a truncated one is a SIGBUS, not an error.
+                raise StoreError(
+                    f"{self.path}: {info.file} is {file.stat().st_size:,} bytes, the manifest says "
+                    f"{info.bytes:,}: the shard was truncated or changed (packer inspect --verify)"
+                )
             try:
                 if self.manifest.backend == "pytables":
                     opts = self.manifest.options
@@ -122,7 +129,7 @@ class Store:
                         self.path, opts["images"], opts["labels"]
                     )
                 else:
-                    reader = open_shard_reader(self.manifest.backend, self.path / info.file)
+                    reader = open_shard_reader(self.manifest.backend, file)
             except Exception as e:
                 raise StoreError(f"{self.path}: cannot open {info.file}: {e}") from e
             if len(reader) != info.num_records:

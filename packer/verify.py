@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -136,8 +138,13 @@ def verify_store(
     advance(0)
     for info, start in zip(manifest.shards, manifest.shard_starts()):
         file = store / info.file
-        if _check_file(file, info, manifest.backend, found):
+        intact = _check_file(file, info, manifest.backend, found)
+        if intact is None:
+            pass  # missing, unreadable, or too short to map safely
+        elif intact:
             checked += _check_records(file, info, start, manifest, decode, found, advance)
+        else:
+            checked += _check_records_apart(file, info, start, manifest, decode, found)
         advance(start + info.num_records)
         log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
     if checked != total:
@@ -148,29 +155,72 @@ def verify_store(
     return VerifyReport(store, checked, len(manifest.shards), found.listed, seconds)
 
 
-def _check_file(file: Path, info: ShardInfo, backend: str, found: _Findings) -> bool:
-    """Size and sha256 of one shard file; returns whether its records can be read safely."""
+def _check_file(file: Path, info: ShardInfo, backend: str, found: _Findings) -> bool | None:
+    """Size and sha256 of one shard file: True if intact, False if changed, None if its
+    records cannot be read at all."""
     try:
         size = file.stat().st_size
         if size != info.bytes:
             found.add(
                 info.file, None, None, f"{size:,} bytes on disk, manifest says {info.bytes:,}"
             )
-            # A short file of a mapped backend could crash this process (see _MAPPED).
-            return not (size < info.bytes and backend in _MAPPED)
+            # A short file of a mapped backend could crash even a child process to no use.
+            return None if size < info.bytes and backend in _MAPPED else False
         digest = hashlib.sha256()
         with open(file, "rb") as f:
             while chunk := f.read(_HASH_READ):
                 digest.update(chunk)
     except FileNotFoundError:
         found.add(info.file, None, None, "shard file is missing")
-        return False
+        return None
     except OSError as e:
         found.add(info.file, None, None, f"cannot read the shard file: {e.strerror or e}")
-        return False
+        return None
     if digest.hexdigest() != info.sha256:
         found.add(info.file, None, None, "sha256 mismatch: the file changed after it was packed")
-    return True  # still read: the records say which of them the change damaged
+        return False  # still read (apart): the records say which of them the change damaged
+    return True
+
+
+def _check_records_apart(
+    file: Path, info: ShardInfo, start: int, manifest: Manifest, decode: bool, found: _Findings
+) -> int:
+    """Check a changed shard's records in a child process. One flipped bit in an LMDB page
+    header or in HDF5's metadata can crash the reading process (SIGBUS, SIGSEGV, an
+    assertion's abort: seen in bit-flip sweeps), so here a crash is one more finding."""
+    context = multiprocessing.get_context("spawn")  # a clean process, no inherited handles
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_check_in_child, args=(send, file, info, start, manifest, decode, found.limit)
+    )
+    child.start()
+    send.close()
+    try:
+        checked, problems = receive.recv()
+    except EOFError:  # the child died before it could answer
+        checked, problems = 0, []
+    child.join()
+    for problem in problems:
+        found.add(*problem)
+    if child.exitcode:
+        how = (
+            signal.Signals(-child.exitcode).name if child.exitcode < 0 else f"exit {child.exitcode}"
+        )
+        found.add(
+            info.file,
+            None,
+            None,
+            f"reading it crashed the reader ({how}): {manifest.backend}'s own structures in the file are damaged",
+        )
+    return int(checked)
+
+
+def _check_in_child(
+    send: Any, file: Path, info: ShardInfo, start: int, manifest: Manifest, decode: bool, limit: int
+) -> None:
+    found = _Findings(limit)
+    checked = _check_records(file, info, start, manifest, decode, found, lambda done: None)
+    send.send((checked, [(p.shard, p.index, p.path, p.reason) for p in found.listed]))
 
 
 def _check_records(

@@ -15,7 +15,7 @@ import pytest
 from conftest import store_path, write_image
 
 from packer import PackOptions, open_reader, open_store, pack
-from packer.errors import CorruptRecordError, UsageError
+from packer.errors import CorruptRecordError, StoreError, UsageError
 
 
 @pytest.fixture(scope="module")
@@ -302,3 +302,19 @@ def test_reader_pickles_as_path_and_options(stores: dict[str, Path]) -> None:
         clone = pickle.loads(pickle.dumps(r))
     with clone:
         assert _paths(clone, 0) == expected
+
+
+def test_a_truncated_shard_is_refused_not_mapped(tmp_path: Path) -> None:
+    root = tmp_path / "imgs"
+    for i in range(10):
+        write_image(root / "a" / f"{i}.png", size=(40, 40), seed=i)
+    out = tmp_path / "s.lmdb"
+    pack(root, out, PackOptions(seed=0, workers=2))
+    shard = out / "shard-00000.lmdb"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with (
+        open_reader(out, batch_size=4) as r,
+        pytest.raises(StoreError, match="truncated or changed") as info,
+    ):
+        list(r)
+    assert "shard-00000.lmdb" in str(info.value)
