@@ -51,10 +51,13 @@ def print_summary(summary: StoreSummary) -> None:
     h, w, b = stats.get("height", {}), stats.get("width", {}), stats.get("payload_bytes", {})
     if h.get("count"):
         echo(f"height    {h['min']}..{h['max']} px, mean {h['mean']:.0f}")
+        _print_histogram(h, lambda v: f"{v} px")
         echo(f"width     {w['min']}..{w['max']} px, mean {w['mean']:.0f}")
+        _print_histogram(w, lambda v: f"{v} px")
         echo(
             f"bytes     {human_bytes(b['min'])}..{human_bytes(b['max'])}, mean {human_bytes(b['mean'])}"
         )
+        _print_histogram(b, human_bytes)
     if m.backend == "pytables":
         echo("shuffle   unknown (the reader's chunk reshuffle is all the mixing there is)")
     else:
@@ -92,6 +95,17 @@ def _print_labels(source: str, columns: list[dict[str, Any]], counts: list[dict[
             click.echo(f"    {str(name):<{width}}  {n:>8,}  {bar(n / top, 30)}")
         if len(rows) > 30:
             click.echo(f"    ... {len(rows) - 30} more (--json lists all)")
+
+
+def _print_histogram(distribution: dict[str, Any], label: Any) -> None:
+    """The power-of-two histogram a manifest keeps for sizes, as bars (one row per bucket)."""
+    buckets = {int(k): n for k, n in (distribution.get("histogram") or {}).items()}
+    if len(buckets) < 2:
+        return
+    top = max(buckets.values())
+    for low, n in sorted(buckets.items()):
+        span = f"{label(low)}..{label(max(2 * low - 1, 0))}"
+        click.echo(f"  {span:>22} {n:>9,}  {bar(n / top, 30)}")
 
 
 def print_verify(report: VerifyReport) -> None:

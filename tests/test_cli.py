@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def test_pack_then_inspect_text_and_json(image_dir: Path, tmp_path: Path) -> Non
     assert "records   21 in 1 shard(s)" in text and "seed 3" in text
     for name in ("cat", "dog", "eel"):
         assert f"    {name}         7  " in text
+    assert re.search(r"^ +16 px\.\.31 px +\d+  █", text, re.M)  # the size histogram
     code, text, _ = run("inspect", str(out), "--json")
     data = json.loads(text)
     assert data["ok"] is True and data["manifest"]["num_records"] == 21
