@@ -17,7 +17,7 @@ import numpy as np
 import tables
 
 from packer import imaging
-from packer.errors import CorruptRecordError, StoreError
+from packer.errors import CorruptRecordError, StoreError, UsageError
 from packer.manifest import Manifest, ShardInfo, Storage, read_manifest
 from packer.record import Record, checksum
 from packer.store import ShardReader, open_shard_reader, pytables_store
@@ -97,6 +97,14 @@ class Store:
 
     def __len__(self) -> int:
         return self.manifest.num_records
+
+    def require_packer_store(self, action: str) -> None:
+        """Refuse a plain HDF5 file of arrays where records with paths and CRCs are needed."""
+        if self.manifest.backend == "pytables":
+            raise UsageError(
+                f"{self.path}: a plain HDF5 file, not a packer store; "
+                f"{action} works on stores made by packer pack"
+            )
 
     def locate(self, index: int) -> tuple[int, int]:
         """Global record index -> (shard number, index inside that shard)."""

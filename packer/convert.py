@@ -12,40 +12,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import lmdb
-
 from packer import __version__
 from packer.access import Store
 from packer.errors import (
     CorruptRecordError,
-    PackInterrupted,
-    StoreError,
     UsageError,
 )
-from packer.manifest import Manifest, ShardInfo, Storage, write_manifest
+from packer.manifest import Manifest, ShardInfo, Storage
 from packer.options import parse_size
 from packer.record import Record
-from packer.staging import Staging, describe_write_error
+from packer.staging import Staging
 from packer.store import BACKENDS, ShardMeta, backend_for_path, open_shard_writer, shard_name
 
 __all__ = ["convert_store"]
 
-LAYOUTS = ("paths", "classes")
 ProgressFn = Callable[[int, int], None]  # (records done, records in the store)
-
-# The extension a re-encoded payload is written with, by its format; raw pixels become PNG.
-_EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}
-_BLOCK_RECORDS = 1024  # records per sequential read, as Store.records() reads
-_BLOCK_BYTES = 64 << 20  # ... and fewer when records are large, so memory stays bounded
-
-
-def _require_packer_store(store: Store, action: str) -> None:
-    """unpack and convert read packer's own stores, whose records carry paths and CRCs."""
-    if store.manifest.backend not in BACKENDS:
-        raise UsageError(
-            f"{store.path}: a {store.manifest.backend} file, not a packer store; "
-            f"{action} works on stores made by packer pack"
-        )
 
 
 def convert_store(
@@ -97,25 +78,14 @@ def convert_store(
     if resolved == home or resolved.is_relative_to(home) or home.is_relative_to(resolved):
         raise UsageError(f"{dest} and {src} overlap; convert into a path of its own")
     with Store(src) as store:
-        _require_packer_store(store, "convert")
+        store.require_packer_store("convert")
         staging = Staging(dest, overwrite)
-        try:
-            shards = _copy_shards(store, backend, staging.path, shard_size, progress)
-            manifest = _converted_manifest(store, backend, shards, shard_size)
-            write_manifest(staging.path, manifest)
-            staging.commit()
-        except KeyboardInterrupt:
-            staging.discard()
-            raise PackInterrupted(f"interrupted: nothing was written to {dest}") from None
-        except (OSError, lmdb.Error) as e:  # disk full, I/O error, quota
-            staging.discard()
-            raise StoreError(
-                f"{dest}: {describe_write_error(e, dest.parent, 'convert')}; nothing was written"
-            ) from e
-        except BaseException:
-            staging.discard()
-            raise
-    return manifest
+
+        def make(folder: Path) -> Manifest:
+            shards = _copy_shards(store, backend, folder, shard_size, progress)
+            return _converted_manifest(store, backend, shards, shard_size)
+
+        return staging.build(make, "convert")
 
 
 def _target_storage(store: Store, backend: str) -> Storage:

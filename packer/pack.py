@@ -26,18 +26,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import lmdb
-
 from packer import __version__
-from packer.errors import BadImageError, EmptySourceError, PackerError, PackInterrupted, StoreError
-from packer.manifest import Manifest, ShardInfo, Storage, write_manifest
+from packer.errors import BadImageError, EmptySourceError, PackerError
+from packer.manifest import Manifest, ShardInfo, Storage
 from packer.options import PackOptions
 from packer.prepare import Prepared, Rejected, init_worker, prepare_files
 from packer.record import Record, checksum
 from packer.scan import Skipped
 from packer.shuffle import new_seed, permutation
 from packer.source import Source, SourceItem, load_source
-from packer.staging import Staging, describe_write_error
+from packer.staging import Staging
 from packer.stats import RecordStats
 from packer.store import ShardMeta, backend_for_path, open_shard_writer, shard_name
 
@@ -120,29 +118,15 @@ def pack(
     items = [src.items[i] for i in order]
     plan = plan_shards([_estimated_bytes(item, options) for item in items], options)
 
-    staging = Staging(output, options.overwrite)
-    try:
-        written = _write_shards(src, items, plan, options, staging.path, progress)
-        manifest = _manifest(src, written, options, seed)
-        write_manifest(staging.path, manifest)
-        staging.commit()
-    except KeyboardInterrupt:
-        staging.discard()
-        raise PackInterrupted(f"interrupted: nothing was written to {output}") from None
-    except (
-        OSError,
-        lmdb.Error,
-    ) as e:  # disk full, I/O error, quota: the store's fault, not a file's
-        staging.discard()
-        raise StoreError(
-            f"{output}: {describe_write_error(e, output.parent, 'pack')}; nothing was written"
-        ) from e
-    except BaseException:
-        staging.discard()
-        raise
-    return PackResult(
-        output, manifest, time.perf_counter() - started, written.source_bytes, written.skipped
-    )
+    def make(folder: Path) -> Manifest:
+        return _manifest(
+            src, _write_shards(src, items, plan, options, folder, progress), options, seed
+        )
+
+    manifest = Staging(output, options.overwrite).build(make, "pack")
+    skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
+    seconds = time.perf_counter() - started
+    return PackResult(output, manifest, seconds, manifest.source["packed_bytes"], skipped)
 
 
 def _check_paths(source: Path, output: Path) -> None:

@@ -12,10 +12,13 @@ import fcntl
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
-from packer.errors import StoreError, StoreExistsError
-from packer.manifest import MANIFEST_NAME, fsync_dir
+import lmdb
+
+from packer.errors import PackInterrupted, StoreError, StoreExistsError
+from packer.manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
 
 __all__ = ["Staging", "partial_path", "describe_write_error"]
 
@@ -75,6 +78,26 @@ class Staging:
         os.close(self._lock_fd)
         if old is not None:
             _remove(old)
+
+    def build(self, make: Callable[[Path], Manifest], action: str) -> Manifest:
+        """Run ``make(folder)``, which writes the shards and returns the manifest; write the
+        manifest and commit. On any error or Ctrl-C the staged folder is removed, and a
+        write error (a full disk above all) becomes a StoreError naming the store."""
+        try:
+            manifest = make(self.path)
+            write_manifest(self.path, manifest)
+            self.commit()
+            return manifest
+        except KeyboardInterrupt:
+            self.discard()
+            raise PackInterrupted(f"interrupted: nothing was written to {self.final}") from None
+        except (OSError, lmdb.Error) as e:  # disk full, I/O error, quota: the store's, not a file's
+            self.discard()
+            reason = describe_write_error(e, self.final.parent, action)
+            raise StoreError(f"{self.final}: {reason}; nothing was written") from e
+        except BaseException:
+            self.discard()
+            raise
 
     def discard(self) -> None:
         """Remove the staged folder (after an error or Ctrl-C): nothing is left behind."""

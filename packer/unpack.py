@@ -28,7 +28,6 @@ from packer.errors import (
     UsageError,
 )
 from packer.record import Record
-from packer.store import BACKENDS
 
 __all__ = ["LAYOUTS", "UnpackResult", "unpack_store"]
 
@@ -37,17 +36,6 @@ ProgressFn = Callable[[int, int], None]  # (records done, records in the store)
 
 # The extension a re-encoded payload is written with, by its format; raw pixels become PNG.
 _EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}
-_BLOCK_RECORDS = 1024  # records per sequential read, as Store.records() reads
-_BLOCK_BYTES = 64 << 20  # ... and fewer when records are large, so memory stays bounded
-
-
-def _require_packer_store(store: Store, action: str) -> None:
-    """unpack and convert read packer's own stores, whose records carry paths and CRCs."""
-    if store.manifest.backend not in BACKENDS:
-        raise UsageError(
-            f"{store.path}: a {store.manifest.backend} file, not a packer store; "
-            f"{action} works on stores made by packer pack"
-        )
 
 
 @dataclass
@@ -114,7 +102,7 @@ def unpack_store(
     source = store if isinstance(store, Store) else Store(store)
     files = written_bytes = 0
     try:
-        _require_packer_store(source, "unpack")
+        source.require_packer_store("unpack")
         namer = _Namer(source, layout)
         _check_outdir(source.path, outdir, overwrite)
         try:
