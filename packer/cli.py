@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
-from packer import __version__, look, views
+from packer import __version__, look, shuffle_report, views
 from packer.access import Store, open_store
 from packer.check import describe_store
 from packer.convert import convert_store
@@ -336,7 +336,7 @@ def _look(store: Store, action: str, what: dict[str, Any]) -> Any:
         index, out = what["extract"]
         return {"index": index, "written": str(look.extract(store, index, out))}
     if action == "shuffle":
-        return look.shuffle_quality(
+        return shuffle_report.shuffle_quality(
             store,
             chunk_size=what["chunk_size"],
             buffer_chunks=what["buffer_chunks"],

@@ -123,9 +123,7 @@ class Reader:
         self.manifest = open_manifest(self.path, options.images, options.labels)
         self.rank, self.world_size = _rank_and_world(options.rank, options.world_size)
         counts = [s.num_records for s in self.manifest.shards]
-        self.chunk_size = options.chunk_size or _default_chunk_size(
-            self.manifest.stats, sum(counts)
-        )
+        self.chunk_size = options.chunk_size or default_chunk_size(self.manifest.stats, sum(counts))
         self._chunks = plan.chunk_spans(counts, self.chunk_size)
         self._store: Store | None = None
         self._store_pid = -1
@@ -244,17 +242,33 @@ class Reader:
                 for future in pending:
                     future.cancel()
 
+    def _planned_windows(self, epoch: int) -> Iterator[tuple[list[plan.Span], np.ndarray]]:
+        """This reader's share of ``epoch`` as shuffle windows: (spans, order of their records)."""
+        rank, world, worker, workers = self._parts()
+        stream = (self.options.seed, epoch, rank, world, worker, workers)
+        for index, spans in enumerate(plan.windows(self._spans(epoch), self.options.buffer_chunks)):
+            size = sum(len(s) for s in spans)
+            shuffled = self.options.shuffle
+            yield spans, plan.window_order(size, stream, index) if shuffled else np.arange(size)
+
+    def record_order(self, epoch: int) -> np.ndarray:
+        """Global indices of the records this reader yields in ``epoch``, in order; no I/O."""
+        starts = self.manifest.shard_starts()
+        parts = [np.zeros(0, np.int64)]
+        for spans, order in self._planned_windows(epoch):
+            ranges = [np.arange(starts[s.shard] + s.start, starts[s.shard] + s.stop) for s in spans]
+            parts.append(np.concatenate(ranges)[order])
+        return np.concatenate(parts)
+
     def _gathered(self, store: Store, epoch: int, skip: int) -> Iterator[Window]:
         """Batches of records in the epoch's order, not yet verified or decoded."""
         opts = self.options
-        rank, world, worker, workers = self._parts()
-        stream = (opts.seed, epoch, rank, world, worker, workers)
         fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
         carry: list[Window] = []
         carried = 0
         window: Window | None = None
-        for index, spans in enumerate(plan.windows(self._spans(epoch), opts.buffer_chunks)):
-            size = sum(len(s) for s in spans)
+        for spans, order in self._planned_windows(epoch):
+            size = len(order)
             if skip >= size:  # resuming: whole windows before the resume point are not read
                 skip -= size
                 continue
@@ -265,7 +279,6 @@ class Reader:
             )
             window = None
             window = read_window(store, spans, fixed, reuse)
-            order = plan.window_order(size, stream, index) if opts.shuffle else np.arange(size)
             order = order[skip:]
             skip = 0
             start = 0
@@ -413,7 +426,7 @@ def _distributed() -> tuple[int, int] | None:
     return None
 
 
-def _default_chunk_size(stats: dict[str, Any], num_records: int) -> int:
+def default_chunk_size(stats: dict[str, Any], num_records: int) -> int:
     mean = (stats.get("payload_bytes") or {}).get("mean") or 100_000
     by_bytes = max(1, int(_CHUNK_BYTES // max(mean, 1)))
     return max(1, min(by_bytes, math.ceil(num_records / 64), 4096))

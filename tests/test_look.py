@@ -14,13 +14,12 @@ from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import UsageError
 from packer.look import (
     LABEL_STRIP,
-    _reader_order,
     bench_store,
     contact_sheet,
     extract,
     list_records,
-    shuffle_quality,
 )
+from packer.shuffle_report import shuffle_quality
 
 CLASSES = ("ant", "bee", "cow", "dog")
 PER_CLASS = 24
@@ -225,14 +224,13 @@ def test_extract_raw(stores: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_reader_order_is_the_readers(shuffled: Path) -> None:
-    """The order shuffle_quality scores is exactly what open_reader yields."""
+    """record_order (the plan shuffle_quality scores, no I/O) is exactly what the reader yields."""
     index_of = {r["path"]: r["index"] for r in list_records(shuffled)}
-    sizes = [s.num_records for s in open_store(shuffled).manifest.shards]
     options = {"chunk_size": 7, "buffer_chunks": 3, "seed": 5, "rank": 0, "world_size": 1}
     with open_reader(shuffled, batch_size=16, with_paths=True, **options) as reader:
         for epoch in (0, 2):
             got = [index_of[p] for _, _, paths in reader.epoch(epoch) for p in paths]
-            assert got == _reader_order(sizes, 7, 3, 5, epoch).tolist()
+            assert got == reader.record_order(epoch).tolist()
 
 
 def test_shuffle_quality_sorted_store(stores: dict[str, Path], backend: str) -> None:
