@@ -21,7 +21,16 @@ from packer.epoch import Span
 from packer.errors import CorruptRecordError
 from packer.record import Record, checksum
 
-__all__ = ["Window", "Batch", "read_window", "gather", "concat", "finish_batch"]
+__all__ = [
+    "Window",
+    "Batch",
+    "read_window",
+    "gather",
+    "concat",
+    "split_window",
+    "finish_batch",
+    "merge_batches",
+]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +139,29 @@ def concat(parts: Sequence[Window]) -> Window:
         formats=[x for p in parts for x in p.formats],
         shards=np.concatenate([p.shards for p in parts]),
         indices=np.concatenate([p.indices for p in parts]),
+    )
+
+
+def split_window(window: Window, parts: int) -> list[Window]:
+    """``window`` in up to ``parts`` consecutive pieces of near-equal size (at least 8 records)."""
+    pieces = max(1, min(parts, len(window) // 8))
+    if pieces == 1:
+        return [window]
+    bounds = np.linspace(0, len(window), pieces + 1).astype(int)
+    return [gather(window, np.arange(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def merge_batches(parts: list[Batch]) -> Batch:
+    """The finished pieces of one batch, back in one Batch (images stacked when they agree)."""
+    if len(parts) == 1:
+        return parts[0]
+    images = [image for part in parts for image in part.images]
+    return Batch(
+        _stack(images),
+        np.concatenate([part.labels for part in parts]),
+        [path for part in parts for path in part.paths],
+        sum(part.skipped for part in parts),
+        sum(part.nbytes for part in parts),
     )
 
 

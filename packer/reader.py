@@ -30,7 +30,16 @@ import numpy as np
 
 from packer import epoch as plan
 from packer.access import Store, open_manifest
-from packer.batching import Batch, Window, concat, finish_batch, gather, read_window
+from packer.batching import (
+    Batch,
+    Window,
+    concat,
+    finish_batch,
+    gather,
+    merge_batches,
+    read_window,
+    split_window,
+)
 from packer.errors import UsageError
 from packer.prefetch import Prefetcher
 
@@ -229,18 +238,25 @@ class Reader:
         )
         mover = _gpu_mover(opts)
         workers = opts.workers or _cores()
+        # Decoded batches are split among the threads, so even the first batch of an epoch,
+        # which nothing can prefetch, is ready in 1/workers of the time. Raw batches of one
+        # shape need no decoding, and a user's collate wants the whole batch: not split.
+        split = workers if opts.collate is None and self.manifest.storage.shape is None else 1
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
-            pending: deque[Future[Batch]] = deque()
+            pending: deque[list[Future[Batch]]] = deque()
             try:
                 for window in self._gathered(store, epoch, skip_batches * opts.batch_size):
-                    pending.append(pool.submit(finish, window))
+                    pending.append(
+                        [pool.submit(finish, part) for part in split_window(window, split)]
+                    )
                     while len(pending) > workers:
-                        yield mover(pending.popleft().result())
+                        yield mover(merge_batches([f.result() for f in pending.popleft()]))
                 while pending:
-                    yield mover(pending.popleft().result())
+                    yield mover(merge_batches([f.result() for f in pending.popleft()]))
             finally:
-                for future in pending:
-                    future.cancel()
+                for parts in pending:
+                    for future in parts:
+                        future.cancel()
 
     def _planned_windows(self, epoch: int) -> Iterator[tuple[list[plan.Span], np.ndarray]]:
         """This reader's share of ``epoch`` as shuffle windows: (spans, order of their records)."""

@@ -318,3 +318,15 @@ def test_a_truncated_shard_is_refused_not_mapped(tmp_path: Path) -> None:
     ):
         list(r)
     assert "shard-00000.lmdb" in str(info.value)
+
+
+def test_batches_split_among_decode_threads_are_the_same_batches(stores: dict[str, Path]) -> None:
+    def batches(workers: int) -> list[tuple[list[str], np.ndarray, list[np.ndarray]]]:
+        with open_reader(stores["lmdb"], batch_size=40, workers=workers, with_paths=True) as r:
+            return [(paths, labels, list(images)) for images, labels, paths in r]
+
+    one, three = batches(1), batches(3)  # three threads: each batch decoded in three pieces
+    assert [b[0] for b in one] == [b[0] for b in three]
+    for (_, labels_a, images_a), (_, labels_b, images_b) in zip(one, three, strict=True):
+        assert np.array_equal(labels_a, labels_b)
+        assert all(np.array_equal(a, b) for a, b in zip(images_a, images_b, strict=True))
