@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         }
     rates = {k: args.images / v for k, v in times.items()}
     if args.json:
-        print(json.dumps({"images": args.images, "side": args.side, "cores": cores, "images_per_s": rates}))
+        print(
+            json.dumps(
+                {"images": args.images, "side": args.side, "cores": cores, "images_per_s": rates}
+            )
+        )
         return 0
     print(f"command: python {' '.join(sys.argv)}")
     print(f"{args.images} JPEGs ~{args.side}x{args.side}, {cores} cores, best of {args.repeat}")
