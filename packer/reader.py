@@ -183,12 +183,14 @@ class Reader:
         self._active = prefetcher
         _RUNNING.add(self)
         self._position = (epoch, skip)
-        self._counters.start()
-        return self._consume(prefetcher, epoch, skip)
+        self._counters = _Counters()  # figures are per epoch
+        return self._consume(prefetcher, self._counters, epoch, skip)
 
     def _consume(
-        self, prefetcher: Prefetcher[Any], epoch: int, delivered: int
+        self, prefetcher: Prefetcher[Any], counters: _Counters, epoch: int, delivered: int
     ) -> Iterator[tuple[Any, ...]]:
+        # Its own prefetcher and counters: an abandoned epoch closed late never touches the
+        # figures of the epoch that replaced it.
         try:
             for item in prefetcher:
                 batch, ready = item
@@ -196,7 +198,7 @@ class Reader:
                     ready()  # the training stream waits for this batch's copy to the GPU
                 delivered += 1
                 self._position = (epoch, delivered)
-                self._counters.add(batch)
+                counters.add(batch)
                 yield (
                     (batch.images, batch.labels, batch.paths)
                     if self.options.with_paths
@@ -204,7 +206,7 @@ class Reader:
                 )
             self._next_epoch = epoch + 1
         finally:
-            self._counters.stop(prefetcher)
+            counters.stop(prefetcher)
             prefetcher.close()
             if self._active is prefetcher:
                 self._active = None
@@ -371,13 +373,10 @@ class _Counters:
 
     def __init__(self) -> None:
         self.batches = self.images = self.nbytes = self.skipped = 0
-        self.started = self.stopped = 0.0
+        self.started = time.perf_counter()
+        self.stopped = 0.0
         self.wait_s = 0.0
         self.queue_fill = 0.0
-
-    def start(self) -> None:
-        self.__init__()  # type: ignore[misc]
-        self.started = time.perf_counter()
 
     def add(self, batch: Batch) -> None:
         self.batches += 1
