@@ -33,7 +33,7 @@ test: install install-torch
 	$(BIN)/python -m pytest -q
 
 test-slow: install install-torch
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -o addopts=""
 
 lint: install
 	$(BIN)/ruff check packer tests scripts

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +36,7 @@ def open_store(path: Path | str, *, images: str | None = None, labels: str | Non
 
 
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+OPEN_SHARDS = 16  # shard readers a Store keeps open at once
 
 
 def open_manifest(path: Path, images: str | None = None, labels: str | None = None) -> Manifest:
@@ -92,7 +94,9 @@ class Store:
         self.path = Path(path)
         self.manifest: Manifest = open_manifest(self.path, images, labels)
         self._starts = self.manifest.shard_starts()
-        self._readers: dict[int, ShardReader] = {}
+        # The shards opened last, most recent at the end: a store of thousands of shards must
+        # not hold thousands of open files and maps (nor their per-shard columns) at once.
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._pid = os.getpid()
 
     def __len__(self) -> int:
@@ -116,12 +120,15 @@ class Store:
         return shard, index - self._starts[shard]
 
     def shard(self, number: int) -> ShardReader:
-        """The reader of one shard, opened on first use in this process."""
+        """The reader of one shard, opened on first use in this process; at most
+        ``OPEN_SHARDS`` stay open, the least recently used closed first."""
         if os.getpid() != self._pid:  # forked: the parent's handles are not ours to use
-            self._readers = {}
+            self._readers = OrderedDict()
             self._pid = os.getpid()
         reader = self._readers.get(number)
-        if reader is None:
+        if reader is not None:
+            self._readers.move_to_end(number)
+        else:
             info = self.manifest.shards[number]
             file = self.path / info.file
             if self.manifest.backend != "pytables" and file.stat().st_size != info.bytes:
@@ -147,6 +154,8 @@ class Store:
                     f"the manifest says {info.num_records}"
                 )
             self._readers[number] = reader
+            while len(self._readers) > OPEN_SHARDS:
+                self._readers.popitem(last=False)[1].close()
         return reader
 
     def record(self, index: int, verify: bool = True) -> Record:
@@ -220,7 +229,7 @@ class Store:
         if os.getpid() == self._pid:
             for reader in self._readers.values():
                 reader.close()
-        self._readers = {}
+        self._readers = OrderedDict()
 
     def __enter__(self) -> Store:
         return self

@@ -217,3 +217,18 @@ def test_stale_partial_is_replaced_but_a_live_one_is_respected(
             pack(image_dir, out, _options("lmdb"))
     pack(image_dir, out, _options("lmdb"))  # the lock is gone: a crashed pack's leftovers
     assert read_manifest(out).num_records == 21 and not partial.exists()
+
+
+def test_a_store_keeps_a_bounded_number_of_shards_open(
+    image_dir: Path, tmp_path: Path, backend: str
+) -> None:
+    from packer import access
+
+    out = store_path(tmp_path, backend)
+    pack(image_dir, out, _options(backend, shards=21))  # one record per shard
+    with open_store(out) as store:
+        for i in reversed(range(len(store))):  # touch every shard
+            assert store.record(i).path
+            assert len(store._readers) <= access.OPEN_SHARDS
+        assert len(store._readers) == min(access.OPEN_SHARDS, 21)
+        _check_global_index(out)
