@@ -207,13 +207,12 @@ class Hdf5ShardReader:
         f = self._file
         self._raw = "images" in f
         self._payload = _with_chunk_cache(f, "images" if self._raw else "data")
-        # The small columns are read whole, once: a shard's worth is a few MB, and slicing
-        # six datasets (one of variable-length strings) per block cost more than the payload.
-        self._offsets = None if self._raw else f["offsets"][:].astype(np.int64)
-        self._labels, self._crc32, self._shapes = f["labels"][:], f["crc32"][:], f["shapes"][:]
-        names = json.loads(f["formats"].attrs["format_names"])
-        self._formats = [names[i] for i in f["formats"][:]]
-        self._paths = list(f["paths"].asstr()[:])
+        # Dataset handles looked up once; the columns are sliced per block, so opening a shard
+        # stays cheap when a reader hops among many shards (a Store keeps only a few open).
+        self._offsets = None if self._raw else f["offsets"]
+        self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
+        self._formats, self._paths = f["formats"], f["paths"].asstr()
+        self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
 
     def __len__(self) -> int:
         return self._len
@@ -230,17 +229,17 @@ class Hdf5ShardReader:
             data = self._payload[start:stop]
         else:
             assert self._offsets is not None
-            offsets = self._offsets[start : stop + 1]
+            offsets = self._offsets[start : stop + 1].astype(np.int64)
             payload = memoryview(self._payload[offsets[0] : offsets[-1]])
             bounds = (offsets - offsets[0]).tolist()
             data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         return Block(
             data=data,
             labels=self._labels[start:stop],
-            paths=self._paths[start:stop],
+            paths=list(self._paths[start:stop]),
             crc32=self._crc32[start:stop],
             shapes=self._shapes[start:stop],
-            formats=self._formats[start:stop],
+            formats=[self._format_names[i] for i in self._formats[start:stop]],
         )
 
     def read_record(self, index: int) -> Record:
