@@ -3,11 +3,9 @@ payloads, labels, paths, checksums, order and shard boundaries carried across.""
 
 from __future__ import annotations
 
-import errno
-import shutil
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -115,22 +113,14 @@ def _copy_shards(
 
     def copy(index: int, record: Record) -> None:
         nonlocal done
+        reason = None
         if len(record.labels) != columns:
-            raise CorruptRecordError(
-                str(store.path),
-                manifest.shards[store.locate(index)[0]].file,
-                index,
-                record.path,
-                f"{len(record.labels)} labels, the store has {columns} label columns",
-            )
-        if raw_shape is not None and list(record.shape) != raw_shape:
-            raise CorruptRecordError(
-                str(store.path),
-                manifest.shards[store.locate(index)[0]].file,
-                index,
-                record.path,
-                f"shape {list(record.shape)}, the store says every record is {raw_shape}",
-            )
+            reason = f"{len(record.labels)} labels, the store has {columns} label columns"
+        elif raw_shape is not None and list(record.shape) != raw_shape:
+            reason = f"shape {list(record.shape)}, the store says every record is {raw_shape}"
+        if reason is not None:
+            shard = manifest.shards[store.locate(index)[0]].file
+            raise CorruptRecordError(str(store.path), shard, index, record.path, reason)
         sink.append(record)
         done += 1
         if progress is not None:
@@ -189,29 +179,10 @@ class _Sink:
     def open(self, expected: int) -> None:
         index = len(self.hashes)
         self.path = self.folder / shard_name(self.backend, index)
-        free = shutil.disk_usage(self.folder).free
-        if free < expected:  # fail now, not an hour into the shard
-            raise OSError(
-                errno.ENOSPC,
-                f"No space left on device: the next shard needs about {expected:,} bytes",
-            )
-        meta = ShardMeta(
-            index,
-            self.columns,
-            self.raw_shape,
-            self.storage.compression,
-            {
-                "backend": self.backend,
-                "storage": asdict(self.storage),
-                "label_columns": self.label_columns,
-            },
+        meta = ShardMeta.of_store(
+            index, self.backend, self.storage, self.label_columns, self.raw_shape
         )
-        options = (
-            {"map_size": max(64 << 20, 2 * expected)}
-            if self.backend == "lmdb"
-            else {"expected_bytes": max(1, expected)}
-        )
-        self.writer = open_shard_writer(self.backend, self.path, meta, **options)
+        self.writer = open_shard_writer(self.backend, self.path, meta, expected)
         self.count = self.filled = 0
 
     def append(self, record: Record) -> None:

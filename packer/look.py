@@ -21,7 +21,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
@@ -69,25 +68,16 @@ def opened(store: StoreLike) -> Iterator[Store]:
 
 
 def all_labels(store: Store) -> np.ndarray:
-    """Every record's labels in store order, (num_records, label columns) int64.
-
-    HDF5: each shard's small ``/labels`` dataset, read whole. LMDB: a label is stored beside
-    its payload, so this is one sequential pass over every record (``Store.records``).
-    """
+    """Every record's labels in store order, (num_records, label columns) int64, read shard by
+    shard without the payloads (HDF5: the small labels column; LMDB: one cursor walk)."""
     columns = len(store.manifest.label_columns)
-    n = len(store)
-    if store.manifest.backend == "hdf5":
-        parts = [np.zeros((0, columns), np.int64)]
-        for info in store.manifest.shards:
-            if info.num_records == 0:
-                continue
-            with h5py.File(store.path / info.file, "r", locking=False) as f:
-                parts.append(np.asarray(f["labels"][:], np.int64).reshape(-1, columns))
-        labels = np.concatenate(parts)
-    else:
-        labels = np.array([r.labels for r in store.records()], np.int64).reshape(n, columns)
-    if len(labels) != n:
-        raise UsageError(f"{store.path}: read {len(labels)} labels for {n} records")
+    parts = [np.zeros((0, columns), np.int64)]
+    parts += [
+        store.shard(n).read_labels() for n, s in enumerate(store.manifest.shards) if s.num_records
+    ]
+    labels = np.concatenate(parts)
+    if len(labels) != len(store):
+        raise UsageError(f"{store.path}: read {len(labels)} labels for {len(store)} records")
     return labels
 
 

@@ -11,17 +11,15 @@ workers, and memory stays bounded whatever the size of the folder.
 
 from __future__ import annotations
 
-import errno
 import logging
 import multiprocessing
-import shutil
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -235,30 +233,15 @@ def _write_shard(
     progress: ProgressFn | None,
 ) -> tuple[int, int]:
     """Write one shard from the next ``len(shard_range)`` records; returns (records, payload bytes)."""
-    meta = ShardMeta(
+    meta = ShardMeta.of_store(
         index,
-        len(src.columns),
+        options.backend,
+        _storage(options, None),
+        [c.to_json() for c in src.columns],
         options.fixed_shape() if options.backend == "hdf5" else None,
-        options.compression,
-        {
-            "backend": options.backend,
-            "storage": asdict(_storage(options, None)),
-            "label_columns": [c.to_json() for c in src.columns],
-        },
     )
     expected = sum(_estimated_bytes(items[i], options) for i in shard_range)
-    free = shutil.disk_usage(path.parent).free
-    if free < expected:  # fail now, not an hour into the shard
-        raise OSError(
-            errno.ENOSPC, f"No space left on device: the next shard needs about {expected:,} bytes"
-        )
-    # LMDB: address space only (64-bit), the file grows just as data is written.
-    writer_options = (
-        {"map_size": max(64 << 20, 2 * expected)}
-        if options.backend == "lmdb"
-        else {"expected_bytes": expected}
-    )
-    writer = open_shard_writer(options.backend, path, meta, **writer_options)
+    writer = open_shard_writer(options.backend, path, meta, expected)
     count = payload_bytes = 0
     try:
         for position in shard_range:

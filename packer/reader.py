@@ -41,6 +41,7 @@ from packer.batching import (
     split_window,
 )
 from packer.errors import UsageError
+from packer.options import default_workers
 from packer.prefetch import Prefetcher
 
 __all__ = ["ReaderOptions", "Reader", "open_reader"]
@@ -239,7 +240,7 @@ class Reader:
             collate=opts.collate,
         )
         mover = _gpu_mover(opts)
-        workers = opts.workers or _cores()
+        workers = opts.workers or default_workers()
         # Decoded batches are split among the threads, so even the first batch of an epoch,
         # which nothing can prefetch, is ready in 1/workers of the time. Raw batches of one
         # shape need no decoding, and a user's collate wants the whole batch: not split.
@@ -445,10 +446,3 @@ def default_chunk_size(stats: dict[str, Any], num_records: int) -> int:
     mean = (stats.get("payload_bytes") or {}).get("mean") or 100_000
     by_bytes = max(1, int(_CHUNK_BYTES // max(mean, 1)))
     return max(1, min(by_bytes, math.ceil(num_records / 64), 4096))
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1

@@ -13,7 +13,6 @@ SIGBUS, or an LMDB assertion's SIGABRT). Only a truncated LMDB file is refused b
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import multiprocessing
 import signal
@@ -33,7 +32,6 @@ __all__ = ["Problem", "VerifyReport", "verify_store"]
 log = logging.getLogger(__name__)
 
 _BLOCK = 1024  # records per sequential read
-_HASH_READ = 4 << 20
 # Backends that map the shard file into memory: touching a page past the end of a truncated
 # file kills the process with SIGBUS (seen with LMDB), so a short file of theirs is not opened.
 _MAPPED = {"lmdb"}
@@ -166,17 +164,14 @@ def _check_file(file: Path, info: ShardInfo, backend: str, found: _Findings) -> 
             )
             # A short file of a mapped backend could crash even a child process to no use.
             return None if size < info.bytes and backend in _MAPPED else False
-        digest = hashlib.sha256()
-        with open(file, "rb") as f:
-            while chunk := f.read(_HASH_READ):
-                digest.update(chunk)
+        on_disk = ShardInfo.of_file(file, info.num_records, info.payload_bytes)
     except FileNotFoundError:
         found.add(info.file, None, None, "shard file is missing")
         return None
     except OSError as e:
         found.add(info.file, None, None, f"cannot read the shard file: {e.strerror or e}")
         return None
-    if digest.hexdigest() != info.sha256:
+    if on_disk.sha256 != info.sha256:
         found.add(info.file, None, None, "sha256 mismatch: the file changed after it was packed")
         return False  # still read (apart): the records say which of them the change damaged
     return True

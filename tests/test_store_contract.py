@@ -67,6 +67,8 @@ def test_write_then_read_blocks_and_records(tmp_path: Path, backend: str, n: int
         assert all(_same(block.record(i), records[start + i]) for i in range(len(block)))
     if n:
         assert _same(reader.read_record(n - 1), records[n - 1])
+    assert reader.read_labels().shape == (n, 2)
+    assert reader.read_labels().tolist() == [list(r.labels) for r in records]
     with pytest.raises(IndexError):
         reader.read_block(0, n + 1)
     with pytest.raises(IndexError):

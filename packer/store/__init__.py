@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,8 +42,18 @@ def shard_name(backend: str, index: int) -> str:
     return f"shard-{index:05d}{SUFFIXES[backend]}"
 
 
-def open_shard_writer(backend: str, path: Path, meta: ShardMeta, **options: int) -> ShardWriter:
-    return _WRITERS[backend](path, meta, **options)
+def open_shard_writer(
+    backend: str, path: Path, meta: ShardMeta, expected_bytes: int = 0, **options: int
+) -> ShardWriter:
+    """A writer for a new shard of about ``expected_bytes`` (0: unknown), which each backend
+    sizes itself by. A disk that cannot take that much fails now, not an hour into the shard."""
+    free = shutil.disk_usage(path.parent).free
+    if free < expected_bytes:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device: the next shard needs about {expected_bytes:,} bytes",
+        )
+    return _WRITERS[backend](path, meta, expected_bytes, **options)
 
 
 def open_shard_reader(backend: str, path: Path) -> ShardReader:

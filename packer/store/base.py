@@ -6,11 +6,12 @@ written once against this and knows nothing of LMDB or HDF5.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from packer.manifest import Storage
 from packer.record import Block, Record
 
 __all__ = ["ShardMeta", "ShardWriter", "ShardReader"]
@@ -25,6 +26,19 @@ class ShardMeta:
     raw_shape: list[int] | None = None  # [h, w, c] when every payload is raw pixels of one shape
     compression: str | None = None  # HDF5 filter for the payload dataset
     extra: dict[str, Any] = field(default_factory=dict)  # storage + label columns, for humans
+
+    @classmethod
+    def of_store(
+        cls,
+        index: int,
+        backend: str,
+        storage: Storage,
+        label_columns: list[dict[str, Any]],
+        raw_shape: list[int] | None,
+    ) -> ShardMeta:
+        """Shard ``index`` of a store with this storage and these label columns."""
+        extra = {"backend": backend, "storage": asdict(storage), "label_columns": label_columns}
+        return cls(index, len(label_columns), raw_shape, storage.compression, extra)
 
 
 class ShardWriter(Protocol):
@@ -54,5 +68,8 @@ class ShardReader(Protocol):
         """
 
     def read_record(self, index: int) -> Record: ...
+
+    def read_labels(self) -> np.ndarray:
+        """Every record's labels, (n, label columns) int64, without copying the payloads."""
 
     def close(self) -> None: ...

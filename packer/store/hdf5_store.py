@@ -51,9 +51,7 @@ _COMPRESSION: dict[str | None, dict[str, Any]] = {
 class Hdf5ShardWriter:
     """Writes one HDF5 shard; payloads go out in 16 MB slices, the small columns at close."""
 
-    def __init__(
-        self, path: Path, meta: ShardMeta, expected_bytes: int = _MAX_CHUNK_BYTES * 8
-    ) -> None:
+    def __init__(self, path: Path, meta: ShardMeta, expected_bytes: int = 0) -> None:
         if meta.compression not in _COMPRESSION:
             raise ValueError(f"unknown HDF5 compression {meta.compression!r}; use gzip or lzf")
         self.path = path
@@ -61,6 +59,7 @@ class Hdf5ShardWriter:
         self._file = h5py.File(path, "w", track_order=False)
         # fill_time="never": no zero-fill of a chunk before it is written (3x faster writes).
         filters = {**_COMPRESSION[meta.compression], "fill_time": "never"}
+        expected_bytes = expected_bytes or _MAX_CHUNK_BYTES * 8  # unknown: full-size chunks
         chunk_bytes = min(_MAX_CHUNK_BYTES, max(_MIN_CHUNK_BYTES, expected_bytes // 8))
         if meta.raw_shape is not None:
             h, w, c = meta.raw_shape
@@ -246,6 +245,9 @@ class Hdf5ShardReader:
         if not 0 <= index < self._len:
             raise IndexError(f"record {index} out of range for {self._len} records")
         return self.read_block(index, index + 1).record(0)
+
+    def read_labels(self) -> np.ndarray:
+        return np.asarray(self._labels[:], np.int64)
 
     def close(self) -> None:
         self._file.close()

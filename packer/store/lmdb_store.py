@@ -35,7 +35,9 @@ class LmdbShardWriter:
     aborted, the map doubled, and the same batch replayed, so no MapFullError escapes and
     no record is lost (py-lmdb docs, "Handling database growth")."""
 
-    def __init__(self, path: Path, meta: ShardMeta, map_size: int = 1 << 30) -> None:
+    def __init__(
+        self, path: Path, meta: ShardMeta, expected_bytes: int = 0, map_size: int | None = None
+    ) -> None:
         self.path = path
         self.meta = meta
         # lock=False: the shard is private to this writer until the store is committed.
@@ -44,7 +46,8 @@ class LmdbShardWriter:
         self._env = lmdb.open(
             str(path),
             subdir=False,
-            map_size=map_size,
+            # Address space only (64-bit): reserve generously, the file grows as data is written.
+            map_size=map_size or max(64 << 20, 2 * expected_bytes),
             lock=False,
             sync=False,
             metasync=False,
@@ -198,6 +201,15 @@ class LmdbShardReader:
         if value is None:
             raise ValueError(f"{self.path}: record {index} is missing")
         return unpack_value(value)  # a view of ``value``, a bytes object of its own
+
+    def read_labels(self) -> np.ndarray:
+        # One cursor walk over views of the map: only each value's small meta is parsed.
+        with self._env.begin(buffers=True) as txn:
+            labels = [
+                unpack_value(value).labels for key, value in txn.cursor() if bytes(key) != META_KEY
+            ]
+        columns = self.meta.get("num_label_columns", 0)
+        return np.array(labels, np.int64).reshape(len(labels), columns)
 
     def close(self) -> None:
         if not self._closed:
