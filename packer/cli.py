@@ -149,6 +149,12 @@ def cli() -> None:
     help="Refuse larger images (decompression bombs) before decoding them.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing store at OUTPUT.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Require an unfinished pack of the same inputs and options to continue "
+    "(the same command resumes one anyway; this refuses to start over).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def pack_command(
@@ -205,6 +211,11 @@ def _print_pack_summary(result: PackResult) -> None:
         f"in {s['seconds']:.1f}s: {s['images_per_s']:,.0f} images/s, {s['mb_per_s']:,.1f} MB/s"
     )
     click.echo(f"seed {s['seed']}")
+    if result.kept_shards:
+        click.echo(
+            f"resumed: {result.kept_shards} shards ({result.kept_records} images) were kept "
+            "from the interrupted run; the figures above are this run's"
+        )
     if result.skipped:
         click.echo(f"skipped {len(result.skipped)} files:")
         for reason, count in result.skipped_by_reason().most_common():

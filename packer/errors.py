@@ -15,6 +15,7 @@ __all__ = [
     "ManifestError",
     "CorruptRecordError",
     "PackInterrupted",
+    "ResumeError",
 ]
 
 
@@ -79,3 +80,7 @@ class CorruptRecordError(StoreError):
 
 class PackInterrupted(PackerError):
     """The pack was stopped (Ctrl-C, SIGTERM) before it finished; nothing was committed."""
+
+
+class ResumeError(PackerError):
+    """``--resume`` was asked for, but there is no unfinished pack of these inputs to resume."""

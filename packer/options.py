@@ -89,6 +89,7 @@ class PackOptions:
     on_error: str = "skip"
     max_pixels: int = DEFAULT_MAX_PIXELS
     overwrite: bool = False
+    resume: bool = False  # require an unfinished pack of the same inputs to resume
 
     def __post_init__(self) -> None:
         def choose(name: str, value: Any, allowed: tuple[str, ...]) -> None:

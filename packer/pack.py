@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections import Counter, deque
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from packer import __version__
-from packer.errors import BadImageError, EmptySourceError, PackerError
+from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError
+from packer.ledger import Ledger, PackIdentity, ShardResult
 from packer.manifest import Manifest, ShardInfo, Storage
 from packer.options import PackOptions
 from packer.prepare import Prepared, Rejected, init_worker, prepare_files
@@ -57,14 +59,17 @@ class PackResult:
     store: Path
     manifest: Manifest
     seconds: float
-    source_bytes: int  # bytes of the source files that were packed
+    source_bytes: int  # bytes of the source files this run packed
     skipped: list[Skipped] = field(default_factory=list)
+    kept_shards: int = 0  # shards an interrupted run had finished, which this one resumed from
+    kept_records: int = 0  # records in those shards
 
     def skipped_by_reason(self) -> Counter[str]:
         return Counter(s.reason.split(":", 1)[0] for s in self.skipped)
 
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
+        packed_now = m.num_records - self.kept_records
         return {
             "store": str(self.store),
             "backend": m.backend,
@@ -75,7 +80,8 @@ class PackResult:
             "source_bytes": self.source_bytes,
             "store_bytes": sum(s.bytes for s in m.shards),
             "seconds": round(self.seconds, 3),
-            "images_per_s": round(m.num_records / self.seconds, 1) if self.seconds else None,
+            "kept_shards": self.kept_shards,
+            "images_per_s": round(packed_now / self.seconds, 1) if self.seconds else None,
             "mb_per_s": round(self.source_bytes / 1e6 / self.seconds, 1) if self.seconds else None,
             "seed": m.seed,
         }
@@ -90,9 +96,11 @@ def pack(
 ) -> PackResult:
     """Pack the images under ``source`` into a new store at ``output``.
 
-    The store appears at ``output`` only when complete; on any error or Ctrl-C nothing is
-    left there (nor in ``output.partial``). Bad files are skipped and listed in the
-    manifest, or stop the pack with ``options.on_error == "fail"``.
+    The store appears at ``output`` only when complete. Shards are written in
+    ``output.partial``; after Ctrl-C, a kill or a full disk the finished ones stay there,
+    and the same call resumes from them (``options.resume`` insists on it), giving the same
+    store an uninterrupted pack would have. After any other error nothing is left. Bad files
+    are skipped and listed in the manifest, or stop the pack with ``options.on_error == "fail"``.
 
     Raises:
         PackerError: a problem the user can act on (see ``packer.errors``).
@@ -111,20 +119,71 @@ def pack(
     if options.on_error == "fail" and src.skipped:
         first = src.skipped[0]
         raise BadImageError(str(source / first.path), first.reason)
-    seed = options.seed if options.seed is not None else new_seed()
-    order = permutation(len(src.items), seed) if options.shuffle else range(len(src.items))
-    items = [src.items[i] for i in order]
-    plan = plan_shards([_estimated_bytes(item, options) for item in items], options)
+    staging = Staging(output, options.overwrite, keep_unfinished=True)
+    ledger = Ledger(staging.path)
+    identity = PackIdentity.of(src, options)
+    try:
+        seed = _resume_or_start_over(staging, ledger, identity, options)
+        order = permutation(len(src.items), seed) if options.shuffle else range(len(src.items))
+        items = [src.items[i] for i in order]
+        plan = plan_shards([_estimated_bytes(item, options) for item in items], options)
+        ledger.begin(identity, seed, len(plan))
+    except BaseException:
+        # An unfinished pack of other inputs stays for its own command; nothing else does.
+        staging.release() if ledger.saved_plan() is not None else staging.discard()
+        raise
+
+    shards: list[ShardResult] = []
 
     def make(folder: Path) -> Manifest:
-        return _manifest(
-            src, _write_shards(src, items, plan, options, folder, progress), options, seed
+        shards[:] = _write_shards(src, items, plan, options, ledger, progress)
+        ledger.forget()
+        return _manifest(src, shards, options, seed)
+
+    def resumable() -> str | None:
+        finished = ledger.count_finished()
+        if not finished:
+            return None
+        return (
+            f"{finished} of {len(plan)} shards are finished and kept in {staging.path}: "
+            "run the same command again to resume"
         )
 
-    manifest = Staging(output, options.overwrite).build(make, "pack")
+    manifest = staging.build(make, "pack", resumable)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     seconds = time.perf_counter() - started
-    return PackResult(output, manifest, seconds, manifest.source["packed_bytes"], skipped)
+    kept = [s for s in shards if s.resumed]
+    return PackResult(
+        output,
+        manifest,
+        seconds,
+        sum(s.source_bytes for s in shards if not s.resumed),
+        skipped,
+        len(kept),
+        sum(s.info.num_records for s in kept),
+    )
+
+
+def _resume_or_start_over(
+    staging: Staging, ledger: Ledger, identity: PackIdentity, options: PackOptions
+) -> int:
+    """The seed of this pack: an unfinished run of the same pack is resumed with its seed;
+    anything else left in the staging folder is cleared (or, with ``--resume``, refused)."""
+    saved = ledger.saved_plan()
+    why_not = identity.difference(saved) if saved is not None else "there is no unfinished pack"
+    if why_not is None:
+        assert saved is not None
+        log.warning("resuming the unfinished pack in %s", staging.path)
+        return int(saved["seed"])
+    if options.resume:
+        raise ResumeError(
+            f"cannot resume {staging.final} from {staging.path}: {why_not}; "
+            "pack without --resume to start over"
+        )
+    if saved is not None:
+        log.warning("%s: starting over, since %s", staging.path, why_not)
+    staging.clear()
+    return options.seed if options.seed is not None else new_seed()
 
 
 def _check_paths(source: Path, output: Path) -> None:
@@ -165,59 +224,71 @@ def _estimated_bytes(item: SourceItem, options: PackOptions) -> int:
     return item.size * 10  # a JPEG decodes to roughly ten times its size
 
 
-@dataclass
-class _Written:
-    shards: list[ShardInfo]
-    stats: RecordStats
-    skipped: list[Skipped]
-    source_bytes: int
-    common_shape: list[int] | None
-
-
 def _write_shards(
     src: Source,
     items: list[SourceItem],
     plan: list[range],
     options: PackOptions,
-    folder: Path,
+    ledger: Ledger,
     progress: ProgressFn | None,
-) -> _Written:
-    written = _Written([], RecordStats(len(src.columns)), list(src.skipped), 0, None)
-    shapes: set[tuple[int, int, int]] = set()
+) -> list[ShardResult]:
+    """Write every shard of ``plan`` that the ledger does not already hold as finished."""
+    paths = [ledger.folder / shard_name(options.backend, i) for i in range(len(plan))]
+    results: list[ShardResult | None] = [ledger.finished(path) for path in paths]
+    pending = [i for i, result in enumerate(results) if result is None]
+    to_do = [position for i in pending for position in plan[i]]
+    counter = _Counter(len(items) - len(to_do), len(items), progress)
     pool = _start_pool(options)
-    results = _prepared_in_order(pool, [str(src.root / item.path) for item in items], options)
-    records = _read_ahead(src.root, items, results)
+    prepared = _prepared_in_order(pool, [str(src.root / items[i].path) for i in to_do], options)
+    records = _read_ahead(src.root, [items[i] for i in to_do], prepared)
     try:
         # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
         with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
-            hashes = []
-            for index, shard_range in enumerate(plan):
-                path = folder / shard_name(options.backend, index)
-                count, payload_bytes = _write_shard(
-                    path,
+            hashed = []
+            for index in pending:
+                ledger.clear(paths[index])
+                result = _write_shard(
+                    paths[index],
                     index,
                     src,
-                    items,
-                    shard_range,
+                    [items[i] for i in plan[index]],
                     records,
                     options,
-                    written,
-                    shapes,
-                    progress,
+                    counter,
                 )
-                hashes.append(hasher.submit(ShardInfo.of_file, path, count, payload_bytes))
-            written.shards = [h.result() for h in hashes]
+                hashed.append((index, hasher.submit(_finish_shard, ledger, paths[index], result)))
+            for index, future in hashed:
+                results[index] = future.result()
     finally:
         records.close()  # stops the read-ahead thread on an error
         pool.shutdown(wait=True, cancel_futures=True)
-    if not any(s.num_records for s in written.shards):
-        reasons = Counter(s.reason for s in written.skipped).most_common(3)
+    finished = [r for r in results if r is not None]
+    if not any(r.info.num_records for r in finished):
+        all_skipped = src.skipped + [s for r in finished for s in r.skipped]
+        reasons = Counter(s.reason for s in all_skipped).most_common(3)
         raise EmptySourceError(
             f"{src.root}: none of {len(items)} files could be packed "
             f"(most common reasons: {'; '.join(f'{r} x{n}' for r, n in reasons)})"
         )
-    written.common_shape = list(next(iter(shapes))) if len(shapes) == 1 else None
-    return written
+    return finished
+
+
+class _Counter:
+    """Records handled so far, reported to the progress callback."""
+
+    def __init__(self, done: int, total: int, progress: ProgressFn | None) -> None:
+        self.done, self.total, self.progress = done, total, progress
+
+    def step(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(Progress("pack", self.done, self.total))
+
+
+def _finish_shard(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
+    result.info = ShardInfo.of_file(path, result.info.num_records, result.info.payload_bytes)
+    ledger.finish(path, result)
+    return result
 
 
 def _write_shard(
@@ -225,14 +296,12 @@ def _write_shard(
     index: int,
     src: Source,
     items: list[SourceItem],
-    shard_range: range,
     records: Iterator[Record | Skipped],
     options: PackOptions,
-    written: _Written,
-    shapes: set[tuple[int, int, int]],
-    progress: ProgressFn | None,
-) -> tuple[int, int]:
-    """Write one shard from the next ``len(shard_range)`` records; returns (records, payload bytes)."""
+    counter: _Counter,
+) -> ShardResult:
+    """Write one shard from the next ``len(items)`` records (``items`` are their sources).
+    The result's ``info`` holds the counts; the caller hashes the file."""
     meta = ShardMeta.of_store(
         index,
         options.backend,
@@ -240,31 +309,30 @@ def _write_shard(
         [c.to_json() for c in src.columns],
         options.fixed_shape() if options.backend == "hdf5" else None,
     )
-    expected = sum(_estimated_bytes(items[i], options) for i in shard_range)
+    expected = sum(_estimated_bytes(item, options) for item in items)
     writer = open_shard_writer(options.backend, path, meta, expected)
-    count = payload_bytes = 0
+    result = ShardResult(ShardInfo(path.name, 0, 0, "", 0), RecordStats(len(src.columns)))
     try:
-        for position in shard_range:
-            item, record = items[position], next(records)
+        for item in items:
+            record = next(records)
             if isinstance(record, Skipped):
                 if options.on_error == "fail":
                     raise BadImageError(str(src.root / item.path), record.reason)
-                written.skipped.append(record)
+                result.skipped.append(record)
             else:
                 writer.append(record)
-                count += 1
-                payload_bytes += len(record.data)
-                written.source_bytes += item.size
-                written.stats.add(len(record.data), record.shape, record.format, record.labels)
-                if len(shapes) < 2:
-                    shapes.add(record.shape)
-            if progress is not None:
-                progress(Progress("pack", position + 1, len(items)))
+                result.info.num_records += 1
+                result.info.payload_bytes += len(record.data)
+                result.source_bytes += item.size
+                result.stats.add(len(record.data), record.shape, record.format, record.labels)
+                result.add_shape(record.shape)
+            counter.step()
         writer.close()
     except BaseException:
         writer.abort()
+        path.unlink(missing_ok=True)  # a half shard is no use to a resume, and frees the space
         raise
-    return count, payload_bytes
+    return result
 
 
 def _read_ahead(
@@ -321,7 +389,8 @@ def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
         options.num_workers,
         multiprocessing.get_context(method),
         initializer=init_worker,
-        initargs=(options,),
+        # forkserver's workers are not our children, and do not share our file locks
+        initargs=(options, 0 if method == "forkserver" else os.getpid()),
     )
     pool.submit(int).result()  # with fork, every worker process is started by the first task
     return pool
@@ -374,12 +443,19 @@ def _storage(options: PackOptions, common_shape: list[int] | None) -> Storage:
     )
 
 
-def _manifest(src: Source, written: _Written, options: PackOptions, seed: int) -> Manifest:
+def _manifest(src: Source, shards: list[ShardResult], options: PackOptions, seed: int) -> Manifest:
+    stats = RecordStats(len(src.columns))
+    shapes: set[tuple[int, int, int]] = set()
+    for shard in shards:
+        stats.merge(shard.stats)
+        shapes.update(shard.shapes)
+    common_shape = list(next(iter(shapes))) if len(shapes) == 1 else None
+    skipped = src.skipped + [s for shard in shards for s in shard.skipped]
     return Manifest(
         backend=options.backend,
-        num_records=sum(s.num_records for s in written.shards),
-        shards=written.shards,
-        storage=_storage(options, written.common_shape),
+        num_records=sum(s.info.num_records for s in shards),
+        shards=[s.info for s in shards],
+        storage=_storage(options, common_shape),
         label_source=src.label_source,
         label_columns=[c.to_json() for c in src.columns],
         seed=seed,
@@ -387,11 +463,11 @@ def _manifest(src: Source, written: _Written, options: PackOptions, seed: int) -
         packer_version=__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         options=options.to_json(),
-        stats=written.stats.to_json(),
-        skipped=[{"path": s.path, "reason": s.reason} for s in written.skipped],
+        stats=stats.to_json(),
+        skipped=[{"path": s.path, "reason": s.reason} for s in skipped],
         source={
             "root": str(src.root.resolve()),
             "files": len(src.items) + len(src.skipped),
-            "packed_bytes": written.source_bytes,
+            "packed_bytes": sum(s.source_bytes for s in shards),
         },
     )

@@ -7,6 +7,7 @@ the file (its shape, format, checksum), so the big bytes are not pickled across 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import warnings
@@ -37,13 +38,15 @@ class Rejected:
 
 
 _options: PackOptions | None = None
+_PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 
 
-def init_worker(options: PackOptions) -> None:
+def init_worker(options: PackOptions, parent: int) -> None:
     """Pool initializer: Ctrl-C is the parent's to handle; Pillow's bomb limit is ours."""
     global _options
     _options = options
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(parent)
     # Decoders of broken files chatter: Python warnings, and libtiff writing straight to
     # fd 2. Every failure is reported through the result, so the noise only hides progress.
     warnings.simplefilter("ignore")
@@ -54,6 +57,22 @@ def init_worker(options: PackOptions) -> None:
     # to stop parsing early. imaging._open refuses anything over max_pixels itself and words
     # Pillow's error the same way, so the reason always names --max-pixels.
     Image.MAX_IMAGE_PIXELS = options.max_pixels
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when the pack is killed (SIGKILL gives it no chance to stop us): a
+    forked worker shares the pack's lock on its staging folder and would hold it forever,
+    so the same command could not resume. Linux only; elsewhere workers see a broken pipe.
+    ``parent`` 0: not our child (forkserver), nothing to do."""
+    if not parent:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the pack died before prctl took effect
+        os._exit(1)
 
 
 def prepare_files(paths: list[str]) -> list[Prepared | Rejected]:

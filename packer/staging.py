@@ -1,7 +1,8 @@
 """Where a pack writes before it is finished, and the rename that makes it a store.
 
 A pack writes into ``OUT.partial/`` while holding a lock on a file inside it, so two packs
-never write the same store. ``commit`` renames the finished folder to ``OUT`` in one step:
+never write the same store. A pack that stops with finished shards leaves them there for
+the same command to resume from (see ``packer.ledger``). ``commit`` renames the finished folder to ``OUT`` in one step:
 nothing appears under the final name until every shard and the manifest are on disk.
 """
 
@@ -33,7 +34,9 @@ def partial_path(final: Path) -> Path:
 class Staging:
     """Owns ``OUT.partial`` for one pack: create, lock, then commit or discard."""
 
-    def __init__(self, final: Path, overwrite: bool = False) -> None:
+    def __init__(self, final: Path, overwrite: bool = False, keep_unfinished: bool = False) -> None:
+        """Create and lock ``OUT.partial``. What an earlier, unfinished run left there is
+        removed, or kept with ``keep_unfinished`` for the caller to resume from."""
         self.final = final
         self.path = partial_path(final)
         if final.exists() or final.is_symlink():
@@ -45,26 +48,27 @@ class Staging:
                 raise StoreExistsError(
                     f"{final} exists and is not a packer store; refusing to overwrite it"
                 )
-        if self.path.exists():
-            self._remove_stale()
-        self.path.mkdir(parents=True)
+        self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.path / _LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StoreError(
+                f"another pack is writing {final} (it holds {self.path / _LOCK_NAME})"
+            ) from None
+        if not keep_unfinished and self.leftovers():
+            log.warning("removing %s, left by a run that did not finish", self.path)
+            self.clear()
 
-    def _remove_stale(self) -> None:
-        lock = self.path / _LOCK_NAME
-        if lock.exists():
-            fd = os.open(lock, os.O_RDWR)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise StoreError(
-                    f"another pack is writing {self.final} (it holds {lock})"
-                ) from None
-            finally:
-                os.close(fd)
-        log.warning("removing %s, left by a pack that did not finish", self.path)
-        shutil.rmtree(self.path)
+    def leftovers(self) -> list[Path]:
+        """What an earlier run left in the staged folder."""
+        return [p for p in self.path.iterdir() if p.name != _LOCK_NAME]
+
+    def clear(self) -> None:
+        """Empty the staged folder, keeping the lock."""
+        for path in self.leftovers():
+            _remove(path)
 
     def commit(self) -> None:
         """Make the staged folder the store; the previous store (with overwrite) goes only after."""
@@ -79,25 +83,47 @@ class Staging:
         if old is not None:
             _remove(old)
 
-    def build(self, make: Callable[[Path], Manifest], action: str) -> Manifest:
+    def build(
+        self,
+        make: Callable[[Path], Manifest],
+        action: str,
+        kept: Callable[[], str | None] | None = None,
+    ) -> Manifest:
         """Run ``make(folder)``, which writes the shards and returns the manifest; write the
-        manifest and commit. On any error or Ctrl-C the staged folder is removed, and a
-        write error (a full disk above all) becomes a StoreError naming the store."""
+        manifest and commit. On any error the staged folder is removed; after Ctrl-C or a
+        write error, which the same command can get past later, it is kept if ``kept()`` names
+        finished work worth resuming from. A write error (a full disk above all) becomes a
+        StoreError naming the store."""
         try:
             manifest = make(self.path)
             write_manifest(self.path, manifest)
             self.commit()
             return manifest
         except KeyboardInterrupt:
-            self.discard()
-            raise PackInterrupted(f"interrupted: nothing was written to {self.final}") from None
+            note = self._keep_or_discard(kept)
+            raise PackInterrupted(
+                f"interrupted: nothing was written to {self.final}{note}"
+            ) from None
         except (OSError, lmdb.Error) as e:  # disk full, I/O error, quota: the store's, not a file's
-            self.discard()
+            note = self._keep_or_discard(kept)
             reason = describe_write_error(e, self.final.parent, action)
-            raise StoreError(f"{self.final}: {reason}; nothing was written") from e
+            raise StoreError(f"{self.final}: {reason}; nothing was written{note}") from e
         except BaseException:
             self.discard()
             raise
+
+    def _keep_or_discard(self, kept: Callable[[], str | None] | None) -> str:
+        """Keep the staged folder if it holds finished work; the note says so to the user."""
+        note = kept() if kept is not None else None
+        if note is None:
+            self.discard()
+            return ""
+        self.release()
+        return f"; {note}"
+
+    def release(self) -> None:
+        """Leave the staged folder as it is, for a later run; unlock it."""
+        os.close(self._lock_fd)
 
     def discard(self) -> None:
         """Remove the staged folder (after an error or Ctrl-C): nothing is left behind."""

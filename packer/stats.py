@@ -27,14 +27,29 @@ class Distribution:
         self.max = value if self.max is None else max(self.max, value)
         self.histogram[1 << int(math.log2(value)) if value > 0 else 0] += 1
 
+    def merge(self, other: Distribution) -> None:
+        self.count += other.count
+        self.total += other.total
+        if other.min is not None:
+            self.min = other.min if self.min is None else min(self.min, other.min)
+        if other.max is not None:
+            self.max = other.max if self.max is None else max(self.max, other.max)
+        self.histogram.update(other.histogram)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "count": self.count,
+            "total": self.total,
             "min": self.min,
             "max": self.max,
             "mean": round(self.total / self.count, 1) if self.count else None,
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Distribution:
+        histogram = Counter({int(k): int(v) for k, v in data["histogram"].items()})
+        return cls(int(data["count"]), int(data["total"]), data["min"], data["max"], histogram)
 
 
 @dataclass
@@ -59,6 +74,14 @@ class RecordStats:
         for counter, label in zip(self.label_counts, labels):
             counter[label] += 1
 
+    def merge(self, other: RecordStats) -> None:
+        """Add ``other``'s records, as if each had been added here."""
+        for name in ("payload_bytes", "height", "width"):
+            getattr(self, name).merge(getattr(other, name))
+        self.formats.update(other.formats)
+        for mine, theirs in zip(self.label_counts, other.label_counts):
+            mine.update(theirs)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "payload_bytes": self.payload_bytes.to_json(),
@@ -68,3 +91,14 @@ class RecordStats:
             # JSON keys are strings; per column, label value -> count
             "label_counts": [{str(k): v for k, v in sorted(c.items())} for c in self.label_counts],
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RecordStats:
+        stats = cls(len(data["label_counts"]))
+        for name in ("payload_bytes", "height", "width"):
+            setattr(stats, name, Distribution.from_json(data[name]))
+        stats.formats = Counter({str(k): int(v) for k, v in data["formats"].items()})
+        stats.label_counts = [
+            Counter({int(k): int(v) for k, v in column.items()}) for column in data["label_counts"]
+        ]
+        return stats
