@@ -162,6 +162,29 @@ def test_interrupted_pack_leaves_no_store(
     assert not out.exists() and not partial.exists()
 
 
+def test_a_killed_pack_resumes_with_the_same_command(slow_source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.lmdb"
+    partial = tmp_path / "o.lmdb.partial"
+    command = [sys.executable, "-m", "packer", "pack", str(slow_source), str(out)]
+    command += ["--encode", "png", "--workers", "1", "--shards", "10", "--seed", "1"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(partial.glob("*.done.json")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the pack ended before it could be killed"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "shards are finished and kept in" in err and not out.exists()
+
+    resumed = subprocess.run(command + ["--resume", "--json"], capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["kept_shards"] >= 1 and summary["packed"] == 300
+    assert "resuming the unfinished pack" in resumed.stderr
+    assert not partial.exists()
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True

@@ -68,3 +68,35 @@ def test_writers_fail_cleanly_when_the_disk_fills_mid_shard(small_fs: Path, back
     writer.abort()
     if backend == "hdf5":
         assert "No space left on device" in str(info.value)
+
+
+def test_a_pack_that_filled_the_disk_resumes_once_there_is_room(
+    tmp_path: Path, small_fs: Path, backend: str
+) -> None:
+    import hashlib
+
+    # 12 MB: HDF5's writer keeps 8 MB free for its metadata, so a few shards fit, not all.
+    subprocess.run(["mount", "-o", "remount,size=12m", str(small_fs)], check=True)
+    root = tmp_path / "images"
+    for i in range(32):
+        write_image(root / "a" / f"{i}.png", size=(400, 400), seed=i)  # ~480 KB each: 15 MB
+    options = PackOptions(backend=backend, seed=0, workers=1, shards=12)
+    out = store_path(small_fs, backend)
+    with pytest.raises(StoreError, match=r"no space left on device") as info:
+        pack(root, out, options)
+    assert "shards are finished and kept in" in str(info.value)
+    assert "run the same command again to resume" in str(info.value)
+    assert not out.exists()
+    kept = len(list(small_fs.glob("*.partial/*.done.json")))
+    assert kept >= 1
+
+    subprocess.run(["mount", "-o", "remount,size=48m", str(small_fs)], check=True)
+    resumed = pack(root, out, options)
+    assert resumed.kept_shards == kept
+    reference = pack(root, store_path(tmp_path, backend), options)
+
+    def hashes(store: Path) -> list[str]:
+        return [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(store.glob("shard-*"))]
+
+    assert hashes(out) == hashes(reference.store)
+    assert [p.name for p in small_fs.iterdir()] == [out.name]  # no .partial left

@@ -1,0 +1,175 @@
+"""Fault injection: kill a real ``packer pack`` with SIGKILL at random moments, many times.
+
+After each kill it checks that nothing stands under the store's name unless the store is
+complete and verifies; then it runs the same command again, to be killed again or to
+finish. At the end the store must be byte-identical to an uninterrupted pack with the same
+seed, and hold every valid source image exactly once (by sha256 of its bytes).
+
+    python scripts/kill_pack.py --kills 200 --images 600 --backend lmdb --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from packer import open_store
+from packer.ledger import PLAN_NAME
+
+PACKER = [sys.executable, "-m", "packer"]
+
+
+def make_source(root: Path, count: int, seed: int) -> set[str]:
+    """``count`` real JPEG/PNG images in 4 class folders, plus a few broken files; returns
+    the sha256 of every valid image's bytes."""
+    rng = np.random.default_rng(seed)
+    valid = set()
+    for i in range(count):
+        height, width = (int(v) for v in rng.integers(48, 160, 2))
+        pixels = rng.integers(0, 256, (height, width, 3), np.uint8)
+        out = io.BytesIO()
+        fmt = "PNG" if i % 5 == 0 else "JPEG"
+        Image.fromarray(pixels).save(out, fmt)
+        path = root / f"class_{i % 4}" / f"{i:05}.{fmt.lower()}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(out.getvalue())
+        valid.add(hashlib.sha256(out.getvalue()).hexdigest())
+    (root / "class_0" / "truncated.jpeg").write_bytes(out.getvalue()[:200])
+    (root / "class_1" / "notes.txt").write_text("not an image")
+    return valid
+
+
+def shard_hashes(store: Path) -> list[str]:
+    return [hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(store.glob("shard-*"))]
+
+
+def record_hashes(store: Path) -> Counter[str]:
+    with open_store(store) as opened:
+        return Counter(hashlib.sha256(record.data).hexdigest() for record in opened.records())
+
+
+def where(out: Path, partial: Path) -> str:
+    """What a kill interrupted, judged by what it left."""
+    if out.exists():
+        return "after the commit"
+    shards = [p for p in partial.glob("shard-*") if not p.name.endswith(".done.json")]
+    if not shards:
+        return "before any shard"
+    if len(shards) > len(list(partial.glob("*.done.json"))):
+        return "while writing or hashing a shard"
+    return "between shards"
+
+
+def verifies(store: Path) -> bool:
+    done = subprocess.run(
+        PACKER + ["inspect", str(store), "--verify", "--json"], capture_output=True
+    )
+    return done.returncode == 0
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    source, out = work / "images", work / f"out.{'lmdb' if args.backend == 'lmdb' else 'h5'}"
+    partial = out.with_name(out.name + ".partial")
+    valid = make_source(source, args.images, args.seed)
+    command = [str(source), "--seed", str(args.seed), "--shards", str(args.shards), "-q"]
+    command += ["--workers", str(args.workers)]
+
+    started = time.perf_counter()
+    reference = work / ("reference" + out.suffix)
+    subprocess.run(PACKER + ["pack", *command[:1], str(reference), *command[1:]], check=True)
+    duration = time.perf_counter() - started
+
+    rng = random.Random(args.seed)
+    landed: Counter[str] = Counter()  # where the kills landed
+    resumes_with_kept = 0
+    for kill in range(1, args.kills + 1):
+        resume = ["--resume"] if (partial / PLAN_NAME).exists() else []
+        resumes_with_kept += bool(resume and list(partial.glob("*.done.json")))
+        proc = subprocess.Popen(
+            PACKER + ["pack", *command[:1], str(out), *command[1:], *resume],
+            stderr=None if args.verbose else subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(0.2, 1.1) * duration)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        landed[where(out, partial)] += 1
+        if out.exists():  # the pack won the race: it must be whole, then it starts again
+            if not verifies(out) or shard_hashes(out) != shard_hashes(reference):
+                raise SystemExit(f"kill {kill}: {out} exists but is not the complete store")
+            shutil.rmtree(out)
+        if args.verbose:
+            print(f"kill {kill}: {sorted(p.name for p in partial.glob('*'))}")
+    resume = ["--resume"] if (partial / PLAN_NAME).exists() else []
+    subprocess.run(
+        PACKER + ["pack", *command[:1], str(out), *command[1:], *resume], check=True, timeout=600
+    )
+
+    packed = record_hashes(out)
+    return {
+        "backend": args.backend,
+        "images": args.images,
+        "shards": args.shards,
+        "kills": args.kills,
+        "kills_landed": dict(landed),
+        "resumed_with_kept_shards": resumes_with_kept,
+        "identical_to_uninterrupted": shard_hashes(out) == shard_hashes(reference),
+        "verifies": verifies(out),
+        "valid_images": len(valid),
+        "missing": len(valid - set(packed)),
+        "duplicated": sum(n - 1 for n in packed.values() if n > 1),
+        "unexpected": len(set(packed) - valid),
+        "uninterrupted_pack_s": round(duration, 2),
+        "store": str(out),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--images", type=int, default=400)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--backend", choices=["lmdb", "hdf5"], default="lmdb")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        result = run(args, args.workdir)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run(args, Path(tmp))
+    lost = result["missing"] + result["duplicated"] + result["unexpected"]
+    ok = result["identical_to_uninterrupted"] and result["verifies"] and not lost
+    if args.json:
+        print(json.dumps({**result, "ok": ok}, indent=1))
+    else:
+        print(
+            f"{result['kills']} SIGKILLs of packer pack ({result['backend']}, {result['images']} "
+            f"images, {result['shards']} shards): {result['resumed_with_kept_shards']} resumes "
+            f"kept finished shards; final store identical to an uninterrupted pack: "
+            f"{result['identical_to_uninterrupted']}; verifies: {result['verifies']}; "
+            f"missing {result['missing']}, duplicated {result['duplicated']}"
+        )
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
