@@ -155,6 +155,12 @@ def cli() -> None:
     help="Require an unfinished pack of the same inputs and options to continue "
     "(the same command resumes one anyway; this refuses to start over).",
 )
+@click.option(
+    "--dask",
+    metavar="ADDRESS",
+    help="Write the shards on a Dask cluster: a scheduler address (tcp://host:8786) or "
+    "local:N for N worker processes here. OUTPUT must be on storage every worker sees.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def pack_command(

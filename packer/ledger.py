@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 PLAN_NAME = "pack.json"
 _DONE_SUFFIX = ".done.json"
 # Options that change how a pack runs, never what it writes: a resume may differ in these.
-_RUN_ONLY = ("workers", "overwrite", "resume", "seed")
+_RUN_ONLY = ("workers", "overwrite", "resume", "seed", "dask")
 
 
 @dataclass

@@ -28,16 +28,25 @@ from typing import Any
 from packer import __version__
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError
 from packer.ledger import Ledger, PackIdentity, ShardResult
-from packer.manifest import Manifest, ShardInfo, Storage
+from packer.manifest import Manifest
 from packer.options import PackOptions
 from packer.prepare import Prepared, Rejected, init_worker, prepare_files
-from packer.record import Record, checksum
+from packer.record import Record
 from packer.scan import Skipped
+from packer.shard_job import (
+    PackContext,
+    ShardJob,
+    estimated_bytes,
+    hashed,
+    storage,
+    to_record,
+    write_shard,
+)
 from packer.shuffle import new_seed, permutation
 from packer.source import Source, SourceItem, load_source
 from packer.staging import Staging
 from packer.stats import RecordStats
-from packer.store import ShardMeta, backend_for_path, open_shard_writer, shard_name
+from packer.store import backend_for_path, shard_name
 
 __all__ = ["Progress", "PackResult", "pack", "plan_shards"]
 
@@ -126,7 +135,7 @@ def pack(
         seed = _resume_or_start_over(staging, ledger, identity, options)
         order = permutation(len(src.items), seed) if options.shuffle else range(len(src.items))
         items = [src.items[i] for i in order]
-        plan = plan_shards([_estimated_bytes(item, options) for item in items], options)
+        plan = plan_shards([estimated_bytes(item, options) for item in items], options)
         ledger.begin(identity, seed, len(plan))
     except BaseException:
         # An unfinished pack of other inputs stays for its own command; nothing else does.
@@ -194,34 +203,23 @@ def _check_paths(source: Path, output: Path) -> None:
     raise PackerError(f"{output} is inside the source folder {source}; write the store elsewhere")
 
 
-def plan_shards(estimated_bytes: list[int], options: PackOptions) -> list[range]:
+def plan_shards(sizes: list[int], options: PackOptions) -> list[range]:
     """Split the packed order into shards: ``options.shards`` equal counts, or runs of about
     ``options.shard_size`` estimated bytes. Planned up front, from sizes known before any
     image is read, so the plan is the same on every run of the same inputs."""
-    n = len(estimated_bytes)
+    n = len(sizes)
     if options.shards is not None:
         count = min(options.shards, n)
         bounds = [round(i * n / count) for i in range(count + 1)]
         return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     plan, start, filled = [], 0, 0
-    for i, nbytes in enumerate(estimated_bytes):
+    for i, nbytes in enumerate(sizes):
         if filled and filled + nbytes > options.shard_size:
             plan.append(range(start, i))
             start, filled = i, 0
         filled += nbytes
     plan.append(range(start, n))
     return plan
-
-
-def _estimated_bytes(item: SourceItem, options: PackOptions) -> int:
-    if not options.raw:
-        return item.size  # untouched bytes exactly; re-encoded ones rarely larger
-    shape = options.fixed_shape()
-    if shape is not None:
-        return shape[0] * shape[1] * shape[2]
-    if options.max_side is not None:
-        return min(item.size * 10, options.max_side**2 * 4)
-    return item.size * 10  # a JPEG decodes to roughly ten times its size
 
 
 def _write_shards(
@@ -232,36 +230,27 @@ def _write_shards(
     ledger: Ledger,
     progress: ProgressFn | None,
 ) -> list[ShardResult]:
-    """Write every shard of ``plan`` that the ledger does not already hold as finished."""
+    """Write every shard of ``plan`` that the ledger does not already hold as finished,
+    here or on a Dask cluster; each is recorded in the ledger as soon as it is done."""
+    context = PackContext(src.root, [c.to_json() for c in src.columns], options)
     paths = [ledger.folder / shard_name(options.backend, i) for i in range(len(plan))]
     results: list[ShardResult | None] = [ledger.finished(path) for path in paths]
-    pending = [i for i, result in enumerate(results) if result is None]
-    to_do = [position for i in pending for position in plan[i]]
-    counter = _Counter(len(items) - len(to_do), len(items), progress)
-    pool = _start_pool(options)
-    prepared = _prepared_in_order(pool, [str(src.root / items[i].path) for i in to_do], options)
-    records = _read_ahead(src.root, [items[i] for i in to_do], prepared)
-    try:
-        # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
-        with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
-            hashed = []
-            for index in pending:
-                ledger.clear(paths[index])
-                result = _write_shard(
-                    paths[index],
-                    index,
-                    src,
-                    [items[i] for i in plan[index]],
-                    records,
-                    options,
-                    counter,
-                )
-                hashed.append((index, hasher.submit(_finish_shard, ledger, paths[index], result)))
-            for index, future in hashed:
-                results[index] = future.result()
-    finally:
-        records.close()  # stops the read-ahead thread on an error
-        pool.shutdown(wait=True, cancel_futures=True)
+    jobs = [
+        ShardJob(i, paths[i], [items[k] for k in plan[i]])
+        for i, result in enumerate(results)
+        if result is None
+    ]
+    for job in jobs:
+        ledger.clear(job.path)
+    counter = _Counter(len(items) - sum(len(job.items) for job in jobs), len(items), progress)
+    if options.dask:
+        from packer.dask_pack import write_on_cluster  # Dask is an optional extra
+
+        written = write_on_cluster(jobs, context, ledger, counter.add)
+    else:
+        written = _write_here(jobs, context, ledger, counter.add)
+    for index, result in written:
+        results[index] = result
     finished = [r for r in results if r is not None]
     if not any(r.info.num_records for r in finished):
         all_skipped = src.skipped + [s for r in finished for s in r.skipped]
@@ -279,59 +268,40 @@ class _Counter:
     def __init__(self, done: int, total: int, progress: ProgressFn | None) -> None:
         self.done, self.total, self.progress = done, total, progress
 
-    def step(self) -> None:
-        self.done += 1
+    def add(self, records: int = 1) -> None:
+        self.done += records
         if self.progress is not None:
             self.progress(Progress("pack", self.done, self.total))
 
 
-def _finish_shard(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
-    result.info = ShardInfo.of_file(path, result.info.num_records, result.info.payload_bytes)
-    ledger.finish(path, result)
-    return result
-
-
-def _write_shard(
-    path: Path,
-    index: int,
-    src: Source,
-    items: list[SourceItem],
-    records: Iterator[Record | Skipped],
-    options: PackOptions,
-    counter: _Counter,
-) -> ShardResult:
-    """Write one shard from the next ``len(items)`` records (``items`` are their sources).
-    The result's ``info`` holds the counts; the caller hashes the file."""
-    meta = ShardMeta.of_store(
-        index,
-        options.backend,
-        _storage(options, None),
-        [c.to_json() for c in src.columns],
-        options.fixed_shape() if options.backend == "hdf5" else None,
+def _write_here(
+    jobs: list[ShardJob], context: PackContext, ledger: Ledger, step: Callable[[], None]
+) -> Iterator[tuple[int, ShardResult]]:
+    """Write the shards in this process, in turn, from one ordered stream of records that
+    the worker pool prepares for all of them."""
+    items = [item for job in jobs for item in job.items]
+    pool = _start_pool(context.options)
+    prepared = _prepared_in_order(
+        pool, [str(context.root / item.path) for item in items], context.options
     )
-    expected = sum(_estimated_bytes(item, options) for item in items)
-    writer = open_shard_writer(options.backend, path, meta, expected)
-    result = ShardResult(ShardInfo(path.name, 0, 0, "", 0), RecordStats(len(src.columns)))
+    records = _read_ahead(context.root, items, prepared)
     try:
-        for item in items:
-            record = next(records)
-            if isinstance(record, Skipped):
-                if options.on_error == "fail":
-                    raise BadImageError(str(src.root / item.path), record.reason)
-                result.skipped.append(record)
-            else:
-                writer.append(record)
-                result.info.num_records += 1
-                result.info.payload_bytes += len(record.data)
-                result.source_bytes += item.size
-                result.stats.add(len(record.data), record.shape, record.format, record.labels)
-                result.add_shape(record.shape)
-            counter.step()
-        writer.close()
-    except BaseException:
-        writer.abort()
-        path.unlink(missing_ok=True)  # a half shard is no use to a resume, and frees the space
-        raise
+        # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
+        with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
+            finishing = []
+            for job in jobs:
+                result = write_shard(job, context, records, step)
+                finishing.append((job, hasher.submit(_finish, ledger, job.path, result)))
+            for job, future in finishing:
+                yield job.index, future.result()
+    finally:
+        records.close()  # stops the read-ahead thread on an error
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _finish(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
+    result = hashed(path, result)
+    ledger.finish(path, result)
     return result
 
 
@@ -345,7 +315,7 @@ def _read_ahead(
         pending: deque[tuple[int, Future[Record | Skipped]]] = deque()
         queued = 0
         for item, result in zip(items, results):
-            pending.append((item.size, reader.submit(_to_record, root, item, result)))
+            pending.append((item.size, reader.submit(to_record, root, item, result)))
             queued += item.size
             while pending and (queued > ahead_bytes or len(pending) > 1024):
                 size, future = pending.popleft()
@@ -353,24 +323,6 @@ def _read_ahead(
                 yield future.result()
         for _, future in pending:
             yield future.result()
-
-
-def _to_record(root: Path, item: SourceItem, result: Prepared | Rejected) -> Record | Skipped:
-    if isinstance(result, Rejected):
-        return Skipped(item.path, result.reason)
-    payload = result.payload
-    crc = result.crc32
-    if payload is None:  # untouched source bytes: read them here, not through the pool's pipes
-        try:
-            payload = (root / item.path).read_bytes()
-        except OSError as e:
-            return Skipped(item.path, f"cannot read: {e.strerror}")
-        actual = checksum(payload)
-        if len(payload) != item.size or (crc is not None and crc != actual):
-            return Skipped(item.path, "file changed while packing")
-        crc = actual
-    assert crc is not None
-    return Record(payload, item.labels, item.path, crc, result.shape, result.format)
 
 
 def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
@@ -429,20 +381,6 @@ def _result(
         ) from e
 
 
-def _storage(options: PackOptions, common_shape: list[int] | None) -> Storage:
-    return Storage(
-        payload=options.payload,
-        mode=options.mode,
-        encoding=options.encoding,
-        quality=options.quality if options.encoding in ("jpeg", "webp") else None,
-        max_side=options.max_side,
-        size=list(options.size) if options.size else None,
-        fit=options.fit if options.size else None,
-        shape=options.fixed_shape() or (common_shape if options.raw else None),
-        compression=options.compression,
-    )
-
-
 def _manifest(src: Source, shards: list[ShardResult], options: PackOptions, seed: int) -> Manifest:
     stats = RecordStats(len(src.columns))
     shapes: set[tuple[int, int, int]] = set()
@@ -455,7 +393,7 @@ def _manifest(src: Source, shards: list[ShardResult], options: PackOptions, seed
         backend=options.backend,
         num_records=sum(s.info.num_records for s in shards),
         shards=[s.info for s in shards],
-        storage=_storage(options, common_shape),
+        storage=storage(options, common_shape),
         label_source=src.label_source,
         label_columns=[c.to_json() for c in src.columns],
         seed=seed,

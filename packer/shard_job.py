@@ -1,0 +1,138 @@
+"""One shard of a pack: its source files' records in, a finished shard file out.
+
+The same function writes a shard whether the records come from the local pack's worker
+pool or are prepared inside a Dask task, so both ways write byte-identical shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packer.errors import BadImageError
+from packer.ledger import ShardResult
+from packer.manifest import ShardInfo, Storage
+from packer.options import PackOptions
+from packer.prepare import Prepared, Rejected
+from packer.record import Record, checksum
+from packer.scan import Skipped
+from packer.source import SourceItem
+from packer.stats import RecordStats
+from packer.store import ShardMeta, open_shard_writer
+
+__all__ = ["PackContext", "ShardJob", "estimated_bytes", "storage", "to_record", "write_shard"]
+
+
+@dataclass(frozen=True)
+class PackContext:
+    """What every shard of one pack shares."""
+
+    root: Path  # the source folder
+    columns: list[dict[str, Any]]  # label columns, as the manifest lists them
+    options: PackOptions
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    index: int
+    path: Path  # where the finished shard belongs
+    items: list[SourceItem]  # its source files, in store order
+
+
+def write_shard(
+    job: ShardJob,
+    context: PackContext,
+    records: Iterator[Record | Skipped],
+    step: Callable[[], None] = lambda: None,
+    to: Path | None = None,
+) -> ShardResult:
+    """Write ``job``'s shard at ``to`` (default ``job.path``) from the next ``len(job.items)``
+    records, calling ``step`` after each. The result's ``info`` has the counts, not yet the
+    file's hash. On any error the half-written file is removed."""
+    options = context.options
+    path = to or job.path
+    meta = ShardMeta.of_store(
+        job.index,
+        options.backend,
+        storage(options, None),
+        context.columns,
+        options.fixed_shape() if options.backend == "hdf5" else None,
+    )
+    expected = sum(estimated_bytes(item, options) for item in job.items)
+    writer = open_shard_writer(options.backend, path, meta, expected)
+    result = ShardResult(ShardInfo(job.path.name, 0, 0, "", 0), RecordStats(len(context.columns)))
+    try:
+        for item in job.items:
+            record = next(records)
+            if isinstance(record, Skipped):
+                if options.on_error == "fail":
+                    raise BadImageError(str(context.root / item.path), record.reason)
+                result.skipped.append(record)
+            else:
+                writer.append(record)
+                result.info.num_records += 1
+                result.info.payload_bytes += len(record.data)
+                result.source_bytes += item.size
+                result.stats.add(len(record.data), record.shape, record.format, record.labels)
+                result.add_shape(record.shape)
+            step()
+        writer.close()
+    except BaseException:
+        writer.abort()
+        path.unlink(missing_ok=True)  # a half shard is no use to a resume, and frees the space
+        raise
+    return result
+
+
+def hashed(path: Path, result: ShardResult) -> ShardResult:
+    """``result`` with its ``info`` completed from the finished file at ``path``."""
+    result.info = ShardInfo.of_file(path, result.info.num_records, result.info.payload_bytes)
+    return result
+
+
+def to_record(root: Path, item: SourceItem, result: Prepared | Rejected) -> Record | Skipped:
+    """The record for ``item`` from what a worker made of it."""
+    if isinstance(result, Rejected):
+        return Skipped(item.path, result.reason)
+    payload = result.payload
+    crc = result.crc32
+    if payload is None:  # untouched source bytes: read them here, not through the pool's pipes
+        try:
+            payload = (root / item.path).read_bytes()
+        except OSError as e:
+            return Skipped(item.path, f"cannot read: {e.strerror}")
+        actual = checksum(payload)
+        if len(payload) != item.size or (crc is not None and crc != actual):
+            return Skipped(item.path, "file changed while packing")
+        crc = actual
+    assert crc is not None
+    return Record(payload, item.labels, item.path, crc, result.shape, result.format)
+
+
+def estimated_bytes(item: SourceItem, options: PackOptions) -> int:
+    """What ``item`` will take in the store, guessed before it is read."""
+    if not options.raw:
+        return item.size  # untouched bytes exactly; re-encoded ones rarely larger
+    shape = options.fixed_shape()
+    if shape is not None:
+        return shape[0] * shape[1] * shape[2]
+    if options.max_side is not None:
+        return min(item.size * 10, options.max_side**2 * 4)
+    return item.size * 10  # a JPEG decodes to roughly ten times its size
+
+
+def storage(options: PackOptions, common_shape: list[int] | None) -> Storage:
+    """The manifest's (and each shard's) account of what a record's payload is."""
+    return Storage(
+        payload=options.payload,
+        mode=options.mode,
+        encoding=options.encoding,
+        quality=options.quality if options.encoding in ("jpeg", "webp") else None,
+        max_side=options.max_side,
+        size=list(options.size) if options.size else None,
+        fit=options.fit if options.size else None,
+        shape=options.fixed_shape() or (common_shape if options.raw else None),
+        compression=options.compression,
+    )
