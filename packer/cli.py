@@ -156,6 +156,12 @@ def cli() -> None:
     "(the same command resumes one anyway; this refuses to start over).",
 )
 @click.option(
+    "--append",
+    is_flag=True,
+    help="Add the images to the existing store OUTPUT as new shards, stored the way its "
+    "others are; existing records and class indices stay as they are.",
+)
+@click.option(
     "--dask",
     metavar="ADDRESS",
     help="Write the shards on a Dask cluster: a scheduler address (tcp://host:8786) or "
@@ -217,6 +223,11 @@ def _print_pack_summary(result: PackResult) -> None:
         f"in {s['seconds']:.1f}s: {s['images_per_s']:,.0f} images/s, {s['mb_per_s']:,.1f} MB/s"
     )
     click.echo(f"seed {s['seed']}")
+    if result.appended_to:
+        click.echo(
+            f"appended: the store held {result.appended_to} images; it now holds "
+            f"{s['store_records']} in {s['shards']} shards"
+        )
     if result.kept_shards:
         click.echo(
             f"resumed: {result.kept_shards} shards ({result.kept_records} images) were kept "

@@ -81,9 +81,10 @@ class PackIdentity:
     inputs_sha256: str  # over every (path, size, labels) and every skipped file, in order
     options: dict[str, Any]
     seed: int | None  # the seed the user gave; None: drawn at random and kept in pack.json
+    base: str = ""  # for an append: the store as it was (its records and shards)
 
     @classmethod
-    def of(cls, src: Source, options: PackOptions) -> PackIdentity:
+    def of(cls, src: Source, options: PackOptions, base: str = "") -> PackIdentity:
         digest = hashlib.sha256()
         for column in src.columns:
             digest.update(json.dumps(column.to_json()).encode())
@@ -93,11 +94,13 @@ class PackIdentity:
             digest.update(f"{skipped.path}\0{skipped.reason}\n".encode())
         chosen = {k: v for k, v in options.to_json().items() if k not in _RUN_ONLY}
         return cls(
-            str(src.root.resolve()), len(src.items), digest.hexdigest(), chosen, options.seed
+            str(src.root.resolve()), len(src.items), digest.hexdigest(), chosen, options.seed, base
         )
 
     def difference(self, saved: dict[str, Any]) -> str | None:
         """Why an unfinished pack described by ``saved`` is not this pack; None if it is."""
+        if saved.get("base", "") != self.base:
+            return f"the store changed since (it had {saved.get('base')}, now {self.base})"
         if saved.get("source_root") != self.source_root:
             return f"it packs {saved.get('source_root')}, not {self.source_root}"
         if saved.get("inputs_sha256") != self.inputs_sha256:

@@ -90,6 +90,7 @@ class PackOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS
     overwrite: bool = False
     resume: bool = False  # require an unfinished pack of the same inputs to resume
+    append: bool = False  # add the images to the existing store as new shards
     dask: str | None = None  # write the shards on a Dask cluster: "tcp://host:8786", "local:N"
 
     def __post_init__(self) -> None:

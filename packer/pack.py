@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from packer import __version__
+from packer import __version__, append
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError
 from packer.ledger import Ledger, PackIdentity, ShardResult
 from packer.manifest import Manifest
@@ -72,17 +72,19 @@ class PackResult:
     skipped: list[Skipped] = field(default_factory=list)
     kept_shards: int = 0  # shards an interrupted run had finished, which this one resumed from
     kept_records: int = 0  # records in those shards
+    appended_to: int = 0  # with --append: records the store held before
 
     def skipped_by_reason(self) -> Counter[str]:
         return Counter(s.reason.split(":", 1)[0] for s in self.skipped)
 
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
-        packed_now = m.num_records - self.kept_records
+        packed_now = m.num_records - self.appended_to - self.kept_records
         return {
             "store": str(self.store),
             "backend": m.backend,
-            "packed": m.num_records,
+            "packed": m.num_records - self.appended_to,
+            "store_records": m.num_records,
             "skipped": len(self.skipped),
             "skipped_by_reason": dict(self.skipped_by_reason()),
             "shards": len(m.shards),
@@ -128,9 +130,18 @@ def pack(
     if options.on_error == "fail" and src.skipped:
         first = src.skipped[0]
         raise BadImageError(str(source / first.path), first.reason)
-    staging = Staging(output, options.overwrite, keep_unfinished=True)
+    base: Manifest | None = None
+    if options.append:
+        base, options = append.open_base(output, options)
+        src = append.relabel(src, base)
+        staging = Staging(append.appending_path(output), keep_unfinished=True)
+    else:
+        staging = Staging(output, options.overwrite, keep_unfinished=True)
     ledger = Ledger(staging.path)
-    identity = PackIdentity.of(src, options)
+    first_shard = len(base.shards) if base else 0
+    identity = PackIdentity.of(
+        src, options, f"{base.num_records} records in {first_shard} shards" if base else ""
+    )
     try:
         seed = _resume_or_start_over(staging, ledger, identity, options)
         order = permutation(len(src.items), seed) if options.shuffle else range(len(src.items))
@@ -145,9 +156,13 @@ def pack(
     shards: list[ShardResult] = []
 
     def make(folder: Path) -> Manifest:
-        shards[:] = _write_shards(src, items, plan, options, ledger, progress)
+        shards[:] = _write_shards(src, items, plan, options, ledger, progress, first_shard)
         ledger.forget()
-        return _manifest(src, shards, options, seed)
+        added = _manifest(src, shards, options, seed)
+        return append.grown(base, added) if base else added
+
+    def add_to_store(manifest: Manifest) -> None:
+        append.add_shards(staging.path, output, manifest, first_shard)
 
     def resumable() -> str | None:
         finished = ledger.count_finished()
@@ -158,7 +173,7 @@ def pack(
             "run the same command again to resume"
         )
 
-    manifest = staging.build(make, "pack", resumable)
+    manifest = staging.build(make, "pack", resumable, add_to_store if base else None)
     skipped = [Skipped(s["path"], s["reason"]) for s in manifest.skipped]
     seconds = time.perf_counter() - started
     kept = [s for s in shards if s.resumed]
@@ -167,9 +182,10 @@ def pack(
         manifest,
         seconds,
         sum(s.source_bytes for s in shards if not s.resumed),
-        skipped,
+        skipped[len(base.skipped) :] if base else skipped,
         len(kept),
         sum(s.info.num_records for s in kept),
+        base.num_records if base else 0,
     )
 
 
@@ -229,14 +245,16 @@ def _write_shards(
     options: PackOptions,
     ledger: Ledger,
     progress: ProgressFn | None,
+    first: int = 0,
 ) -> list[ShardResult]:
-    """Write every shard of ``plan`` that the ledger does not already hold as finished,
-    here or on a Dask cluster; each is recorded in the ledger as soon as it is done."""
+    """Write every shard of ``plan`` (numbered from ``first``) that the ledger does not
+    already hold as finished, here or on a Dask cluster; each is recorded in the ledger as
+    soon as it is done."""
     context = PackContext(src.root, [c.to_json() for c in src.columns], options)
-    paths = [ledger.folder / shard_name(options.backend, i) for i in range(len(plan))]
+    paths = [ledger.folder / shard_name(options.backend, first + i) for i in range(len(plan))]
     results: list[ShardResult | None] = [ledger.finished(path) for path in paths]
     jobs = [
-        ShardJob(i, paths[i], [items[k] for k in plan[i]])
+        ShardJob(first + i, paths[i], [items[k] for k in plan[i]])
         for i, result in enumerate(results)
         if result is None
     ]
@@ -250,7 +268,7 @@ def _write_shards(
     else:
         written = _write_here(jobs, context, ledger, counter.add)
     for index, result in written:
-        results[index] = result
+        results[index - first] = result
     finished = [r for r in results if r is not None]
     if not any(r.info.num_records for r in finished):
         all_skipped = src.skipped + [s for r in finished for s in r.skipped]

@@ -88,16 +88,22 @@ class Staging:
         make: Callable[[Path], Manifest],
         action: str,
         kept: Callable[[], str | None] | None = None,
+        commit: Callable[[Manifest], None] | None = None,
     ) -> Manifest:
         """Run ``make(folder)``, which writes the shards and returns the manifest; write the
         manifest and commit. On any error the staged folder is removed; after Ctrl-C or a
         write error, which the same command can get past later, it is kept if ``kept()`` names
         finished work worth resuming from. A write error (a full disk above all) becomes a
-        StoreError naming the store."""
+        StoreError naming the store. ``commit``, if given, puts the result in place instead
+        of the manifest and rename; the staged folder is then removed."""
         try:
             manifest = make(self.path)
-            write_manifest(self.path, manifest)
-            self.commit()
+            if commit is None:
+                write_manifest(self.path, manifest)
+                self.commit()
+            else:
+                commit(manifest)
+                self.discard()
             return manifest
         except KeyboardInterrupt:
             note = self._keep_or_discard(kept)
@@ -126,7 +132,7 @@ class Staging:
         os.close(self._lock_fd)
 
     def discard(self) -> None:
-        """Remove the staged folder (after an error or Ctrl-C): nothing is left behind."""
+        """Remove the staged folder and its lock: nothing is left behind."""
         shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._lock_fd)
 

@@ -49,7 +49,9 @@ class Distribution:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Distribution:
         histogram = Counter({int(k): int(v) for k, v in data["histogram"].items()})
-        return cls(int(data["count"]), int(data["total"]), data["min"], data["max"], histogram)
+        # Stores packed before "total" was recorded have only the rounded mean.
+        total = data.get("total", round((data["mean"] or 0) * data["count"]))
+        return cls(int(data["count"]), int(total), data["min"], data["max"], histogram)
 
 
 @dataclass
