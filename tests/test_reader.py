@@ -96,6 +96,19 @@ def test_drop_gives_equal_disjoint_shares(store: Path) -> None:
     assert len(set(flat)) == len(flat)
 
 
+def test_pad_gives_equal_shares_that_cover_every_record(store: Path) -> None:
+    shares = []
+    for rank in range(7):
+        with open_reader(
+            store, batch_size=5, rank=rank, world_size=7, remainder="pad", with_paths=True
+        ) as r:
+            shares.append(_paths(r, 0))
+    assert {len(s) for s in shares} == {-(-120 // 7)}  # ceil: 18 each, 126 in all
+    counts = Counter(p for s in shares for p in s)
+    assert len(counts) == 120  # every record read
+    assert sorted(counts.values()) == [1] * 114 + [2] * 6  # the shortfall repeats 6 records
+
+
 def test_order_is_reproducible_and_changes_each_epoch(store: Path) -> None:
     def run(seed: int, epoch: int) -> list[str]:
         with open_reader(store, batch_size=10, seed=seed, with_paths=True, chunk_size=5) as r:
