@@ -62,6 +62,16 @@ def print_summary(summary: StoreSummary) -> None:
         echo("shuffle   unknown (the reader's chunk reshuffle is all the mixing there is)")
     else:
         echo(f"shuffle   {'seed ' + str(m.seed) if m.shuffled else 'none (sorted path order)'}")
+    appends = m.source.get("appends") if isinstance(m.source, dict) else None
+    for grown in appends if isinstance(appends, list) else []:
+        try:
+            last = grown["first_shard"] + grown["shards"] - 1
+            echo(
+                f"appended  {grown['records']:,} records as shards {grown['first_shard']}..{last}"
+                f" on {grown['created']} (seed {grown['seed']}, from {grown['root']})"
+            )
+        except (KeyError, TypeError, ValueError):  # an odd manifest: say so, don't fail
+            echo(f"appended  (unreadable entry {str(grown)[:60]!r})")
     _print_labels(m.label_source, m.label_columns, stats.get("label_counts", []))
     echo(f"skipped   {len(m.skipped)} file(s)")
     reasons = Counter(s["reason"] for s in m.skipped)

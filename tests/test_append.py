@@ -8,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import store_path, write_image
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
+from packer.cli import cli
 from packer.errors import LabelsError, PackInterrupted, UsageError
 from packer.pack import Progress
 from packer.verify import verify_store
@@ -69,6 +71,8 @@ def test_append_adds_shards_and_keeps_everything_else(
         assert r.data == (new / r.path).read_bytes()
     assert verify_store(base).ok
     assert not list(tmp_path.glob("*.partial"))
+    shown = CliRunner().invoke(cli, ["inspect", str(base)])
+    assert shown.exit_code == 0 and "appended  7 records as shards 2..3 on " in shown.output
 
 
 def test_a_reader_opened_before_the_append_keeps_its_manifest(
