@@ -36,6 +36,8 @@ def open_store(path: Path | str, *, images: str | None = None, labels: str | Non
 
 
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+# What reading a damaged value or column raises (PyTables: also a filter it lacks, e.g. lzf).
+DAMAGE = (ValueError, KeyError, TypeError, OSError, tables.HDF5ExtError)
 OPEN_SHARDS = 16  # shard readers a Store keeps open at once
 
 
@@ -87,6 +89,20 @@ def open_manifest(path: Path, images: str | None = None, labels: str | None = No
     )
 
 
+def _check_shard_file(store: Path, info: ShardInfo) -> None:
+    """Refuse a shard unless its file is there with the manifest's size. LMDB maps the whole
+    file: reading a truncated one is a SIGBUS, not an error."""
+    try:
+        size = (store / info.file).stat().st_size
+    except OSError as e:
+        raise StoreError(f"{store}: {info.file}: {e.strerror or e}") from e
+    if size != info.bytes:
+        raise StoreError(
+            f"{store}: {info.file} is {size:,} bytes, the manifest says {info.bytes:,}: "
+            "the shard was truncated or changed (packer inspect --verify)"
+        )
+
+
 class Store:
     def __init__(
         self, path: Path | str, *, images: str | None = None, labels: str | None = None
@@ -131,12 +147,8 @@ class Store:
         else:
             info = self.manifest.shards[number]
             file = self.path / info.file
-            if self.manifest.backend != "pytables" and file.stat().st_size != info.bytes:
-                # LMDB maps the whole file: reading a truncated one is a SIGBUS, not an error.
-                raise StoreError(
-                    f"{self.path}: {info.file} is {file.stat().st_size:,} bytes, the manifest says "
-                    f"{info.bytes:,}: the shard was truncated or changed (packer inspect --verify)"
-                )
+            if self.manifest.backend != "pytables":
+                _check_shard_file(self.path, info)
             try:
                 if self.manifest.backend == "pytables":
                     opts = self.manifest.options
@@ -161,16 +173,32 @@ class Store:
     def record(self, index: int, verify: bool = True) -> Record:
         """The stored record: payload bytes, labels, original path, checksum, shape, format."""
         shard, offset = self.locate(index)
-        record = self.shard(shard).read_record(offset)
-        if verify and self.manifest.storage.checksums and checksum(record.data) != record.crc32:
-            raise CorruptRecordError(
-                str(self.path),
-                self.manifest.shards[shard].file,
-                index,
-                record.path,
-                "checksum mismatch",
-            )
+        try:
+            record = self.shard(shard).read_record(offset)
+        except DAMAGE as e:
+            raise self.unreadable(shard, offset, offset + 1, e) from e
+        if verify and self.manifest.storage.checksums:
+            reason = _damage(record, self.manifest.storage.payload == "raw")
+            if reason is not None:
+                file = self.manifest.shards[shard].file
+                raise CorruptRecordError(str(self.path), file, index, record.path, reason)
         return record
+
+    def unreadable(
+        self, shard: int, start: int, stop: int, error: Exception, out: np.ndarray | None = None
+    ) -> StoreError:
+        """The error for records ``start:stop`` of ``shard`` that failed to read as one block
+        with ``error``: it names the first of them that fails alone (the block, if none)."""
+        file, first = self.manifest.shards[shard].file, self._starts[shard]
+        reader = self.shard(shard)
+        for i in range(start, stop):
+            try:
+                reader.read_block(i, i + 1, out=None if out is None else out[i - start :][:1])
+            except DAMAGE as e:
+                return StoreError(f"{self.path}: record {first + i} in {file} cannot be read: {e}")
+        return StoreError(
+            f"{self.path}: {file}: records {first + start}..{first + stop - 1}: {error}"
+        )
 
     def records(self) -> Iterator[Record]:
         """Every record in store order, read shard by shard in sequential blocks."""
@@ -183,7 +211,7 @@ class Store:
         """(global index, record) of every record (of one shard), in order, read in sequential
         blocks of at most 1024 records or 64 MB. With ``verify``, a CRC mismatch or a raw
         payload of the wrong length raises CorruptRecordError naming the record; a damaged
-        value or column raises StoreError naming the records of the block."""
+        value or column raises StoreError naming the first record that cannot be read."""
         numbers = range(len(self.manifest.shards)) if shard is None else [shard]
         starts = self.manifest.shard_starts()
         raw = self.manifest.storage.payload == "raw"
@@ -195,10 +223,8 @@ class Store:
                 stop = min(start + step, info.num_records)
                 try:
                     block = reader.read_block(start, stop)
-                except (ValueError, KeyError, TypeError, OSError) as e:  # a damaged value
-                    raise StoreError(
-                        f"{self.path}: {info.file}: records {first + start}..{first + stop - 1}: {e}"
-                    ) from e
+                except DAMAGE as e:
+                    raise self.unreadable(number, start, stop, e) from e
                 for row in range(len(block)):
                     record, index = block.record(row), first + start + row
                     if verify and self.manifest.storage.checksums:

@@ -10,13 +10,14 @@ its pool of decode threads (zlib and Pillow release the GIL for the heavy part).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from packer.access import Store, record_pixels
+from packer.access import DAMAGE, Store, record_pixels
 from packer.epoch import Span
 from packer.errors import CorruptRecordError
 from packer.record import Record, checksum
@@ -83,7 +84,10 @@ def read_window(
     blocks, row = [], 0
     for span in spans:
         target = out[row : row + len(span)] if out is not None else None
-        blocks.append(store.shard(span.shard).read_block(span.start, span.stop, out=target))
+        try:
+            blocks.append(store.shard(span.shard).read_block(span.start, span.stop, out=target))
+        except DAMAGE as e:
+            raise store.unreadable(span.shard, span.start, span.stop, e, target) from e
         row += len(span)
     data = out if out is not None else [payload for block in blocks for payload in block.data]
     return Window(
@@ -175,11 +179,13 @@ def finish_batch(
     on_error: str,
     transform: Callable[[np.ndarray], Any] | None,
     collate: Callable[[list[Any]], Any] | None,
+    stop: threading.Event | None = None,
 ) -> Batch:
     """Verify checksums, decode, transform and collate one gathered batch.
 
     A bad record raises CorruptRecordError naming store, shard, record and original path,
-    or with ``on_error="skip"`` is logged, counted and left out of the batch.
+    or with ``on_error="skip"`` is logged, counted and left out of the batch. Once ``stop``
+    is set (the epoch was abandoned, or Ctrl-C), the next record raises Stopped instead.
     """
     if isinstance(window.data, np.ndarray) and transform is None and collate is None:
         # Raw pixels of one shape: the batch is already one array. Only the checksums are
@@ -193,6 +199,8 @@ def finish_batch(
     images: list[Any] = []
     keep: list[int] = []
     for i in range(len(window)):
+        if stop is not None and stop.is_set():
+            raise Stopped("the epoch was stopped")
         try:
             image = _one_image(window, i, decode, mode, verify)
         except Exception as e:  # name the record it concerns, whatever went wrong
@@ -252,6 +260,10 @@ def _one_image(window: Window, i: int, decode: bool, mode: str, verify: bool) ->
     else:
         image = bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
     return image
+
+
+class Stopped(Exception):
+    """A batch given up on because its epoch stopped; nobody waits for it."""
 
 
 class _Damaged(Exception):

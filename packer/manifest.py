@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
+import stat
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,9 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 _SHARD_NAME = re.compile(r"^shard-\d{5,}\.(lmdb|h5)$")
 _MAX_RECORDS = 1 << 40  # far beyond any real store; guards allocations sized from the manifest
+_MAX_MANIFEST_BYTES = 64 << 20  # a real one is kilobytes (megabytes with 100,000s of skipped files)
+_MAX_RECORD_BYTES = 1 << 30  # h x w x c of a fixed shape: Pillow's own limit is 716 MB (4 channels)
+_MIN_RECORD_BYTES = 16  # a record takes at least this much of its shard file, in either backend
 
 
 @dataclass
@@ -135,16 +141,228 @@ def read_manifest(store: Path | str) -> Manifest:
         partial = store.with_name(store.name + ".partial")
         if partial.exists():
             raise IncompleteStoreError(
-                f"{store}: not finished (an interrupted pack left {partial}); run the pack again"
+                f"{store}: not finished (an interrupted pack left {partial}); run the same pack command again to finish it"
             )
         raise ManifestError(f"{store}: no such store")
     if not path.is_file():
         raise ManifestError(f"{store}: not a packer store (no {MANIFEST_NAME})")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        size = path.stat().st_size
+        if size > _MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                f"{path}: a {size:,}-byte manifest is not a packer manifest "
+                f"(the limit is {_MAX_MANIFEST_BYTES:,} bytes)"
+            )
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        # ValueError: bad JSON, NaN or Infinity, an integer of thousands of digits
         raise ManifestError(f"{path}: unreadable manifest: {e}") from e
-    return _from_json(path, data)
+    manifest = _from_json(path, data)
+    for shard in manifest.shards:
+        _check_shard_file(path, store / shard.file, shard.num_records, _record_bytes(manifest))
+    return manifest
+
+
+def _record_bytes(manifest: Manifest) -> tuple[int, int]:
+    """The fewest bytes of shard file a record can take, as a fraction (bytes, per records).
+
+    Raw pixels of one shape take their size (the reader allocates its buffers from that
+    shape), or 1/1032 of it compressed: deflate's best ratio; lzf's is lower.
+    """
+    storage = manifest.storage
+    if storage.payload != "raw" or storage.shape is None:
+        return _MIN_RECORD_BYTES, 1
+    size = max(_MIN_RECORD_BYTES, math.prod(storage.shape))
+    compressed = manifest.backend == "hdf5" and storage.compression is not None
+    return (size, 1032) if compressed else (size, 1)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_shard_file(
+    manifest: Path, file: Path, num_records: int, record_bytes: tuple[int, int]
+) -> None:
+    """A shard file that is there must be a regular file inside the store, big enough for its
+    records. A missing one is reported where it is read (verify names it; a reader refuses)."""
+    try:
+        info = os.lstat(file)
+        if stat.S_ISLNK(info.st_mode):
+            target = file.resolve()
+            if not target.is_relative_to(file.parent.resolve()):
+                raise ManifestError(
+                    f"{manifest}: {file.name} is a symlink to {target}, outside the store"
+                )
+            info = file.stat()
+    except FileNotFoundError:
+        return
+    except OSError as e:  # a symlink loop, a folder we may not read
+        raise ManifestError(f"{manifest}: {file.name}: {e.strerror or e}") from e
+    if not stat.S_ISREG(info.st_mode):
+        raise ManifestError(f"{manifest}: {file.name} is not a regular file")
+    size, ratio = record_bytes
+    if num_records * size > info.st_size * ratio:
+        raise ManifestError(
+            f"{manifest}: {file.name}: {num_records:,} records cannot fit in its "
+            f"{info.st_size:,} bytes"
+        )
+
+
+# What each field of a manifest must hold, checked before anything uses it: a hostile
+# manifest gets one clear error, not a TypeError (or a huge allocation) somewhere later.
+# A spec is (predicate, what it wants), a {key: spec} object ("key?" optional), a
+# [spec] list, or _Map(spec of keys, spec of values).
+_Spec = Any
+
+
+@dataclass(frozen=True)
+class _Map:
+    keys: _Spec
+    values: _Spec
+
+
+def _kind(check: Callable[[Any], bool], what: str) -> _Spec:
+    return (check, what)
+
+
+_NAT = _kind(lambda v: type(v) is int and 0 <= v < 1 << 63, "a whole number >= 0")
+_INT = _kind(lambda v: type(v) is int and -(1 << 63) <= v < 1 << 63, "a whole number")
+_NUM = _kind(
+    lambda v: type(v) in (int, float) and math.isfinite(v) and abs(v) < 1 << 63, "a number"
+)
+_STR = _kind(lambda v: isinstance(v, str), "a string")
+_BOOL = _kind(lambda v: isinstance(v, bool), "true or false")
+_ANY = _kind(lambda v: True, "anything")
+_INT_TEXT = _kind(
+    lambda v: isinstance(v, str) and bool(re.fullmatch(r"-?\d{1,19}", v)), "an integer"
+)
+
+
+def _optional(spec: _Spec) -> _Spec:
+    check, what = spec
+    return (lambda v: v is None or check(v), f"{what} or null")
+
+
+def _one_of(*names: str) -> _Spec:
+    return (lambda v: isinstance(v, str) and v in names, "one of " + ", ".join(names))
+
+
+def _dims(n: int) -> _Spec:
+    def check(v: Any) -> bool:
+        ok = isinstance(v, list) and len(v) == n
+        return ok and all(type(d) is int and 1 <= d < 1 << 31 for d in v)
+
+    return (check, f"{n} whole numbers >= 1")
+
+
+def _fixed_shape(v: Any) -> bool:
+    return _dims(3)[0](v) and math.prod(v) <= _MAX_RECORD_BYTES
+
+
+def _distribution_complete(d: dict[str, Any]) -> bool:
+    return not d["count"] or all(d[k] is not None for k in ("min", "max", "mean"))
+
+
+_DISTRIBUTION = {
+    "count": _NAT,
+    "min": _optional(_NUM),
+    "max": _optional(_NUM),
+    "mean": _optional(_NUM),
+    "histogram?": _Map(_INT_TEXT, _NAT),
+}
+_SPEC: dict[str, _Spec] = {
+    "format": _STR,
+    "format_version": _INT,
+    "backend": _one_of("lmdb", "hdf5"),
+    "num_records": _NAT,
+    "shards": [
+        {"file": _STR, "num_records": _NAT, "bytes": _NAT, "sha256": _STR, "payload_bytes": _NAT}
+    ],
+    "storage": {
+        "payload": _one_of("original", "encoded", "raw"),
+        "mode": _one_of("RGB", "L", "keep"),
+        "encoding?": _optional(_STR),
+        "quality?": _optional(_NAT),
+        "max_side?": _optional(_NAT),
+        "size?": _optional(_dims(2)),
+        "fit?": _optional(_STR),
+        "shape?": _optional(
+            (_fixed_shape, f"3 whole numbers >= 1, of at most {_MAX_RECORD_BYTES:,} bytes in all")
+        ),
+        "compression?": _optional(_one_of("gzip", "lzf")),
+        "checksums?": _BOOL,
+    },
+    "label_source": _one_of("folders", "csv", "none"),
+    "label_columns": [
+        {
+            "name": _STR,
+            "classes": _optional(
+                _kind(
+                    lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+                    "a list of strings",
+                )
+            ),
+        }
+    ],
+    "seed": _INT,
+    "shuffled": _BOOL,
+    "packer_version": _STR,
+    "created": _STR,
+    "options?": {"max_pixels?": _optional(_NAT)},
+    "stats?": {
+        "payload_bytes?": _DISTRIBUTION,
+        "height?": _DISTRIBUTION,
+        "width?": _DISTRIBUTION,
+        "formats?": _Map(_STR, _NAT),
+        "label_counts?": [_Map(_INT_TEXT, _NAT)],
+    },
+    "skipped?": [{"path": _STR, "reason": _STR}],
+    "source?": _Map(_STR, _ANY),
+}
+
+
+def _mismatch(value: Any, spec: _Spec, where: str) -> str | None:
+    """What is wrong with ``value`` against ``spec`` (naming the field), or None."""
+    if isinstance(spec, dict):
+        if not isinstance(value, dict):
+            return f"{where or 'the manifest'} is {_show(value)}, not an object"
+        for key, sub in spec.items():
+            name = key.rstrip("?")
+            if name not in value:
+                if key.endswith("?"):
+                    continue
+                return f"{where + '.' if where else ''}{name} is missing"
+            wrong = _mismatch(value[name], sub, f"{where + '.' if where else ''}{name}")
+            if wrong:
+                return wrong
+        return None
+    if isinstance(spec, list):
+        if not isinstance(value, list):
+            return f"{where} is {_show(value)}, not a list"
+        for i, item in enumerate(value):
+            wrong = _mismatch(item, spec[0], f"{where}[{i}]")
+            if wrong:
+                return wrong
+        return None
+    if isinstance(spec, _Map):
+        if not isinstance(value, dict):
+            return f"{where} is {_show(value)}, not an object"
+        for key, item in value.items():
+            wrong = _mismatch(key, spec.keys, f"{where} key") or _mismatch(
+                item, spec.values, f"{where}[{key!r}]"
+            )
+            if wrong:
+                return wrong
+        return None
+    check, what = spec
+    return None if check(value) else f"{where} is {_show(value)}, not {what}"
+
+
+def _show(value: Any) -> str:
+    short = not isinstance(value, (dict, list)) or len(value) <= 4
+    text = json.dumps(value) if short else f"a {type(value).__name__} of {len(value)}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _from_json(path: Path, data: Any) -> Manifest:
@@ -154,35 +372,50 @@ def _from_json(path: Path, data: Any) -> Manifest:
 
     need(isinstance(data, dict) and data.get("format") == FORMAT, f"not a {FORMAT} manifest")
     version = data.get("format_version")
-    need(isinstance(version, int), "format_version is missing")
+    need(version is not None, "format_version is missing")
+    need(type(version) is int, f"format_version is {_show(version)}, not a whole number")
     need(
         version <= FORMAT_VERSION,
         f"format_version {version} is newer than this packer understands "
         f"({FORMAT_VERSION}); upgrade packer",
     )
+    need(version >= 1, f"format_version {version} is unknown (packer writes {FORMAT_VERSION})")
     need(data.get("backend") in ("lmdb", "hdf5"), f"unknown backend {data.get('backend')!r}")
+    wrong = _mismatch(data, _SPEC, "")
+    need(wrong is None, f"malformed manifest: {wrong}")
     try:
         shards = [ShardInfo(**s) for s in data["shards"]]
         storage = Storage(**data["storage"])
         fields = {k: v for k, v in data.items() if k not in ("shards", "storage")}
         manifest = Manifest(shards=shards, storage=storage, **fields)
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:  # an unknown field
         raise ManifestError(f"{path}: malformed manifest: {e}") from e
-    need(
-        isinstance(manifest.num_records, int) and 0 <= manifest.num_records < _MAX_RECORDS,
-        f"absurd record count {manifest.num_records!r}",
-    )
+    need(manifest.num_records < _MAX_RECORDS, f"absurd record count {manifest.num_records!r}")
     for shard in shards:
         need(
-            isinstance(shard.file, str) and bool(_SHARD_NAME.match(shard.file)),
+            bool(_SHARD_NAME.match(shard.file)),
             f"shard name {shard.file!r} is not a plain shard file name",
         )
         need(
-            isinstance(shard.num_records, int) and 0 <= shard.num_records < _MAX_RECORDS,
+            shard.num_records < _MAX_RECORDS,
             f"{shard.file}: absurd record count {shard.num_records!r}",
         )
     need(
         sum(s.num_records for s in shards) == manifest.num_records,
         "shard record counts do not add up to num_records",
     )
+    for name in ("payload_bytes", "height", "width"):
+        figures = manifest.stats.get(name)
+        need(
+            figures is None or _distribution_complete(figures),
+            f"malformed manifest: stats.{name} counts values but has no min, max or mean",
+        )
+    counts = manifest.stats.get("label_counts", [])
+    for column, column_counts in zip(manifest.label_columns, counts):
+        classes = column["classes"]
+        need(
+            classes is None or all(0 <= int(k) < len(classes) for k in column_counts),
+            f"stats.label_counts of column {column['name']!r} name labels past its "
+            f"{len(classes or [])} classes",
+        )
     return manifest

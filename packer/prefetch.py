@@ -38,9 +38,9 @@ class _Shared:
 
     __slots__ = ("queue", "stop", "thread", "produce_s")
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, stop: threading.Event | None) -> None:
         self.queue: queue.Queue[object] = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
+        self.stop = stop if stop is not None else threading.Event()
         self.thread: threading.Thread | None = None
         self.produce_s = 0.0  # written by the producer only
 
@@ -154,6 +154,8 @@ class Prefetcher(Generic[T]):
         source: Zero-argument callable returning the iterator to prefetch from.
         depth: Maximum number of ready items held in the queue (>= 1).
         name: Name of the producer thread.
+        stop: The Event set when the Prefetcher stops (close, finalizer): a source that
+            shares it can give up long work early, so that close() need not wait for it.
 
     Raises:
         ValueError: If ``depth`` < 1.
@@ -162,14 +164,18 @@ class Prefetcher(Generic[T]):
     """
 
     def __init__(
-        self, source: Callable[[], Iterator[T]], depth: int = 2, name: str = "packer-prefetch"
+        self,
+        source: Callable[[], Iterator[T]],
+        depth: int = 2,
+        name: str = "packer-prefetch",
+        stop: threading.Event | None = None,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got depth={depth!r}")
         self._source = source
         self._depth = depth
         self._name = name
-        self._shared = _Shared(depth)
+        self._shared = _Shared(depth, stop)
         self._done = False
         # Consumer-side statistics, written by the consuming thread only.
         self._items = self._calls = self._fill_sum = 0

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import math
 import os
+import threading
 import time
 import weakref
 from collections import deque
@@ -40,7 +41,7 @@ from packer.batching import (
     read_window,
     split_window,
 )
-from packer.errors import UsageError
+from packer.errors import StoreError, UsageError
 from packer.options import default_workers
 from packer.prefetch import Prefetcher
 
@@ -131,6 +132,12 @@ class Reader:
         self.path = Path(path)
         self.options = options
         self.manifest = open_manifest(self.path, options.images, options.labels)
+        if self.manifest.backend != "pytables":
+            # Before planning epochs from the counts: read_manifest bounded those by the size
+            # of each shard file there is, so a missing one could claim any count.
+            for info in self.manifest.shards:
+                if not (self.path / info.file).exists():
+                    raise StoreError(f"{self.path}: {info.file} is missing")
         self.rank, self.world_size = _rank_and_world(options.rank, options.world_size)
         counts = [s.num_records for s in self.manifest.shards]
         self.chunk_size = options.chunk_size or default_chunk_size(self.manifest.stats, sum(counts))
@@ -178,8 +185,12 @@ class Reader:
             skip = self._resume[1]
         self._resume = None
         self._stop_active()
+        stop = threading.Event()  # set when the prefetcher stops: decode threads give up early
         prefetcher: Prefetcher[Any] = Prefetcher(
-            partial(self._produce, epoch, skip), depth=self.options.prefetch, name="packer-prefetch"
+            partial(self._produce, epoch, skip, stop),
+            depth=self.options.prefetch,
+            name="packer-prefetch",
+            stop=stop,
         )
         self._active = prefetcher
         _RUNNING.add(self)
@@ -224,7 +235,7 @@ class Reader:
         return self._store
 
     def _produce(
-        self, epoch: int, skip_batches: int
+        self, epoch: int, skip_batches: int, stop: threading.Event
     ) -> Iterator[tuple[Batch, Callable[[], None] | None]]:
         """Runs in the prefetch thread: read, gather, hand batches to the decode pool."""
         opts = self.options
@@ -238,6 +249,7 @@ class Reader:
             on_error=opts.on_error,
             transform=opts.transform,
             collate=opts.collate,
+            stop=stop,
         )
         mover = _gpu_mover(opts)
         workers = opts.workers or default_workers()

@@ -97,14 +97,29 @@ def unpack_value(value: bytes | memoryview) -> Record:
         raise ValueError(f"record meta length {n} does not fit the {len(view)}-byte value")
     try:
         meta = msgpack.unpackb(view[_LENGTH.size : _LENGTH.size + n])
-        height, width, channels = meta["s"]
-        return Record(
-            view[_LENGTH.size + n :],
-            tuple(meta["l"]),
-            meta["p"],
-            meta["c"],
-            (height, width, channels),
-            meta["f"],
-        )
+        path, labels, crc, shape, fmt = meta["p"], meta["l"], meta["c"], meta["s"], meta["f"]
     except (msgpack.UnpackException, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"record meta is damaged: {e}") from e
+        raise ValueError(f"record meta is damaged: {e or type(e).__name__}") from e
+    # Checked here, once: a hostile value must reach neither NumPy nor a decoder.
+    fits = {
+        "p": isinstance(path, str),
+        "l": isinstance(labels, list) and all(_is_int(v, 63, signed=True) for v in labels),
+        "c": _is_int(crc, 32),
+        "s": isinstance(shape, list) and len(shape) == 3 and all(_is_int(v, 31) for v in shape),
+        "f": isinstance(fmt, str),
+    }
+    for key, ok in fits.items():
+        if not ok:
+            raise ValueError(f"record meta is damaged: {key!r} is {_show(meta[key])}")
+    return Record(view[_LENGTH.size + n :], tuple(labels), path, crc, tuple(shape), fmt)
+
+
+def _is_int(value: object, bits: int, signed: bool = False) -> bool:
+    """An int (not a bool) that fits in ``bits`` bits, plus a sign bit when ``signed``."""
+    low = -(1 << bits) if signed else 0
+    return type(value) is int and low <= value < 1 << bits
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

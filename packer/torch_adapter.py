@@ -92,7 +92,11 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
     def __init__(self, path: Path | str, *, batch_size: int, **options: Any) -> None:
         self.path = Path(path)
         self.options = ReaderOptions(batch_size=batch_size, **options)
-        Reader(self.path, self.options)  # validate the store and options now, not in a worker
+        # Validate the store and options now, not in a worker.
+        reader = Reader(self.path, self.options)
+        # Rank and world size are settled here, where torch.distributed is initialised: a
+        # spawned worker has no process group and would read the whole store as rank 0 of 1.
+        self.options = replace(self.options, rank=reader.rank, world_size=reader.world_size)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:

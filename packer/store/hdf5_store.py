@@ -179,6 +179,46 @@ def _with_chunk_cache(f: h5py.File, name: str) -> h5py.Dataset:
     return h5py.Dataset(h5py.h5d.open(f.id, name.encode(), access))
 
 
+# A shard file's payload dataset, uncompressed, cannot hold more bytes than the file; deflate
+# packs at most 1032 bytes into one (lzf fewer). HDF5 reads chunks never written as zeros, so a
+# hostile dataset shape would otherwise ask for terabytes.
+_MAX_RATIO = {None: 1, "gzip": 1032, "lzf": 1032}
+
+
+def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
+    """Refuse (ValueError) columns of the wrong length, type or size, before any read."""
+    n, payload = reader._len, reader._payload
+    wanted = {
+        "labels": (reader._labels, (n, -1)),
+        "crc32": (reader._crc32, (n,)),
+        "shapes": (reader._shapes, (n, 3)),
+        "formats": (reader._formats, (n,)),
+        "paths": (reader._path_strings, (n,)),
+        **({"images": (payload, (n, -1, -1, -1))} if reader._raw else {"data": (payload, (-1,))}),
+        **({"offsets": (reader._offsets, (n + 1,))} if reader._offsets is not None else {}),
+    }
+    for name, (dataset, shape) in wanted.items():
+        got = dataset.shape
+        fits = len(got) == len(shape) and all(w in (-1, g) for w, g in zip(shape, got))
+        strings = h5py.check_string_dtype(dataset.dtype) is not None
+        typed = strings if name == "paths" else dataset.dtype.kind in "iu"
+        if not fits or not typed:
+            want = "(" + ", ".join("*" if d == -1 else str(d) for d in shape) + ")"
+            kind = "strings" if name == "paths" else "integers"
+            raise ValueError(
+                f"/{name} is {dataset.dtype} of shape {got}, not {kind} of shape {want}"
+            )
+    names = reader._format_names
+    if not (isinstance(names, list) and all(isinstance(x, str) for x in names)):
+        raise ValueError("formats/format_names is not a list of names")
+    ratio = _MAX_RATIO.get(payload.compression)
+    if payload.dtype != np.uint8 or ratio is None or payload.size > file_bytes * ratio:
+        raise ValueError(
+            f"/{payload.name.lstrip('/')} holds {payload.size:,} {payload.dtype} values "
+            f"({payload.compression or 'uncompressed'}) in a {file_bytes:,}-byte file"
+        )
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -199,19 +239,25 @@ class Hdf5ShardReader:
         self._file = h5py.File(path, "r", locking=False, rdcc_nbytes=0)
         try:
             self.meta: dict[str, Any] = json.loads(self._file.attrs["packer"])
-        except (KeyError, ValueError) as e:
+            self._len = int(self.meta["num_records"])
+        except (KeyError, ValueError, TypeError) as e:
             self._file.close()
             raise ValueError(f"{path}: not a packer shard (no valid 'packer' attribute)") from e
-        self._len = int(self.meta["num_records"])
         f = self._file
-        self._raw = "images" in f
-        self._payload = _with_chunk_cache(f, "images" if self._raw else "data")
-        # Dataset handles looked up once; the columns are sliced per block, so opening a shard
-        # stays cheap when a reader hops among many shards (a Store keeps only a few open).
-        self._offsets = None if self._raw else f["offsets"]
-        self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
-        self._formats, self._paths = f["formats"], f["paths"].asstr()
-        self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
+        try:
+            self._raw = "images" in f
+            self._payload = _with_chunk_cache(f, "images" if self._raw else "data")
+            # Dataset handles looked up once; the columns are sliced per block, so opening a
+            # shard stays cheap when a reader hops among many shards (a Store keeps a few open).
+            self._offsets = None if self._raw else f["offsets"]
+            self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
+            self._formats, self._path_strings = f["formats"], f["paths"]
+            self._paths = self._path_strings.asstr()
+            self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
+            _check_columns(self, path.stat().st_size)
+        except (KeyError, ValueError, TypeError, OSError) as e:
+            f.close()
+            raise ValueError(f"{path}: damaged packer shard: {e}") from e
 
     def __len__(self) -> int:
         return self._len
@@ -229,6 +275,11 @@ class Hdf5ShardReader:
         else:
             assert self._offsets is not None
             offsets = self._offsets[start : stop + 1].astype(np.int64)
+            if offsets[0] < 0 or offsets[-1] > len(self._payload) or np.any(np.diff(offsets) < 0):
+                raise ValueError(
+                    f"{self.path}: the offsets of records {start}..{stop - 1} are damaged "
+                    f"(they leave the {len(self._payload):,} payload bytes)"
+                )
             payload = memoryview(self._payload[offsets[0] : offsets[-1]])
             bounds = (offsets - offsets[0]).tolist()
             data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
@@ -238,8 +289,13 @@ class Hdf5ShardReader:
             paths=list(self._paths[start:stop]),
             crc32=self._crc32[start:stop],
             shapes=self._shapes[start:stop],
-            formats=[self._format_names[i] for i in self._formats[start:stop]],
+            formats=[self._format_name(int(i)) for i in self._formats[start:stop]],
         )
+
+    def _format_name(self, code: int) -> str:
+        if not 0 <= code < len(self._format_names):
+            raise ValueError(f"{self.path}: format code {code} is not in format_names")
+        return self._format_names[code]
 
     def read_record(self, index: int) -> Record:
         if not 0 <= index < self._len:

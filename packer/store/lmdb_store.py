@@ -7,6 +7,7 @@ digit key) holds the shard's own metadata. Values are laid out by ``packer.recor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -105,21 +106,28 @@ class _Environments:
 
     LMDB forbids opening one file twice in a process (py-lmdb raises, and closing one handle
     would drop the other's locks), yet a process may well hold two readers of one store.
-    After a fork the parent's environments are not used, nor closed, by the child.
+    After a fork the child never uses the parent's environments; it closes them (see acquire).
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a reader garbage-collected (its __del__ releasing) inside acquire. Each
+        # entry is [environment, users], counted in place, so such a release is never lost.
+        self._lock = threading.RLock()
         self._pid = os.getpid()
-        self._open: dict[str, tuple[lmdb.Environment, int]] = {}
+        self._open: dict[str, list[Any]] = {}
 
     def acquire(self, path: Path) -> lmdb.Environment:
         key = os.path.realpath(path)
         with self._lock:
             if self._pid != os.getpid():
+                # A forked child: py-lmdb (3.0) still counts the parent's environments as open
+                # here and refuses to open their files again. Closing the inherited handles
+                # frees the slot; read-only and lock=False, that only unmaps the child's copy.
+                for inherited, _ in self._open.values():
+                    inherited.close()
                 self._open, self._pid = {}, os.getpid()
-            env, users = self._open.get(key, (None, 0))
-            if env is None:
+            entry = self._open.get(key)
+            if entry is None:
                 env = lmdb.open(
                     key,
                     subdir=False,
@@ -128,20 +136,34 @@ class _Environments:
                     max_spare_txns=0,  # cached read txns must not outlive a fork (py-lmdb docs)
                     max_dbs=0,
                 )
-            self._open[key] = (env, users + 1)
-            return env
+                _refuse_short(env, key)
+                entry = self._open[key] = [env, 0]
+            entry[1] += 1
+            return entry[0]
 
     def release(self, path: Path) -> None:
         key = os.path.realpath(path)
         with self._lock:
-            if self._pid != os.getpid() or key not in self._open:
+            entry = self._open.get(key)
+            if self._pid != os.getpid() or entry is None:
                 return
-            env, users = self._open[key]
-            if users > 1:
-                self._open[key] = (env, users - 1)
-            else:
+            entry[1] -= 1
+            if entry[1] == 0:
                 del self._open[key]
-                env.close()
+                entry[0].close()
+
+
+def _refuse_short(env: lmdb.Environment, path: str) -> None:
+    """Close ``env`` and raise ValueError if its file ends before its last page: LMDB maps
+    the file, and touching a page past its end kills the process (SIGBUS), whatever the
+    manifest says of the file's size."""
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = os.path.getsize(path)
+    if size < needed:
+        env.close()
+        raise ValueError(
+            f"{path}: truncated: its pages need {needed:,} bytes, the file has {size:,}"
+        )
 
 
 _ENVIRONMENTS = _Environments()
@@ -156,11 +178,18 @@ class LmdbShardReader:
         self._closed = False
         with self._env.begin() as txn:
             raw = txn.get(META_KEY)
-        if raw is None:
-            self.close()
-            raise ValueError(f"{path}: not a packer shard (no {META_KEY.decode()} key)")
-        self.meta: dict[str, Any] = msgpack.unpackb(raw)
-        self._len = int(self.meta["num_records"])
+        try:
+            if raw is None:
+                raise ValueError(f"{path}: not a packer shard (no {META_KEY.decode()} key)")
+            self.meta: dict[str, Any] = msgpack.unpackb(raw)
+            self._len = int(self.meta["num_records"])
+        except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+            self.close()  # release the environment: a failed open must not hold it
+            if raw is None:
+                raise
+            raise ValueError(
+                f"{path}: not a packer shard (damaged {META_KEY.decode()}: {e or type(e).__name__})"
+            ) from e
 
     def __len__(self) -> int:
         return self._len
@@ -183,6 +212,11 @@ class LmdbShardReader:
                     )
                 record = unpack_value(value)
                 if out is not None:
+                    if len(record.data) != out[row].nbytes:
+                        raise ValueError(
+                            f"{self.path}: record {expected} has {len(record.data):,} payload "
+                            f"bytes, the store's shape {list(out.shape[1:])} needs {out[row].nbytes:,}"
+                        )
                     out[row].reshape(-1)[:] = np.frombuffer(record.data, np.uint8)
                 else:
                     record.data = bytes(record.data)
@@ -215,6 +249,12 @@ class LmdbShardReader:
         if not self._closed:
             self._closed = True
             _ENVIRONMENTS.release(self.path)
+
+    def __del__(self) -> None:
+        # A reader dropped without close (a Store or Reader never closed) must not keep its
+        # environment, a descriptor and a map, open for the rest of the process.
+        with contextlib.suppress(Exception):  # half-made, or at interpreter exit
+            self.close()
 
 
 def _to_block(records: list[Record], num_label_columns: int) -> Block:

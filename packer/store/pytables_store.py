@@ -9,9 +9,11 @@ into a caller's buffer. Nothing is written to the file; it has no per-record che
 from __future__ import annotations
 
 import os
+import pickletools
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import tables
 
@@ -29,7 +31,7 @@ def find_arrays(
     the only integer array of rank 1 or 2 with as many rows is the labels (none is fine).
     Raises ValueError saying what was found when the choice is not clear.
     """
-    with tables.open_file(str(path), "r") as f:
+    with _open_file(path) as f:
         arrays = {n._v_pathname: n for n in f.walk_nodes("/", "Array")}
         described = ", ".join(
             f"{p} {tuple(int(d) for d in a.shape)} {a.dtype}" for p, a in arrays.items()
@@ -63,7 +65,77 @@ def find_arrays(
                 f"{path}: {labels} is not an integer array of shape ({rows},) or ({rows}, K) "
                 f"({described})"
             )
+        row = int(np.prod(arrays[images].shape[1:], dtype=object))
+        if row > _MAX_ROW_BYTES:
+            raise ValueError(f"{path}: {images} has images of {row:,} bytes each")
         return images, labels
+
+
+_MAX_ROW_BYTES = 1 << 30  # one image; Pillow's own limit is 716 MB (4 channels)
+
+
+# Pickle opcodes that reach a callable: without them, unpickling builds only plain values.
+_CODE_OPCODES = {
+    "GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "BUILD",
+    "EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID",
+}  # fmt: skip
+
+
+def _open_file(path: Path) -> tables.File:
+    """``tables.open_file``, once the file is known not to run code when opened.
+
+    PyTables reads every attribute of every node it loads, and unpickles any byte string
+    ending in "." (tables/attributeset.py): a file from others could run code just by being
+    opened. So every attribute is read first with h5py, which never unpickles, and a file
+    holding a pickle that would call anything is refused (ValueError); so is one with a
+    dataset that claims more bytes than the file can hold.
+    """
+
+    def check(name: str, node: Any) -> None:
+        for key in node.attrs:
+            try:
+                value = node.attrs[key]
+            except Exception as e:  # noqa: BLE001 - unreadable here: PyTables must not try
+                raise ValueError(f"{path}: attribute {key!r} of /{name} cannot be read: {e}") from e
+            if isinstance(value, bytes) and _calls_code(value):
+                raise ValueError(
+                    f"{path}: attribute {key!r} of /{name} is a pickle that would run code "
+                    "if PyTables opened the file; packer does not open it"
+                )
+        if isinstance(node, h5py.Dataset):
+            _refuse_bomb(path, name, node)
+
+    with h5py.File(path, "r", locking=False) as f:
+        check("", f)
+        f.visititems(check)
+    return tables.open_file(str(path), "r")
+
+
+def _refuse_bomb(path: Path, name: str, dataset: h5py.Dataset) -> None:
+    """Refuse (ValueError) a dataset that claims more bytes than the file can hold: HDF5 reads
+    chunks never written as fill values, so a few-KB file could ask for terabytes. Filtered
+    (compressed), it may claim 1032 times the file: deflate's best; lzf's is lower."""
+    if dataset.shape is None:  # an empty dataset (h5py.Empty)
+        return
+    size = int(np.prod(dataset.shape, dtype=object)) * dataset.dtype.itemsize
+    filtered = dataset.id.get_create_plist().get_nfilters() > 0
+    file_bytes = path.stat().st_size
+    if size > file_bytes * (1032 if filtered else 1):
+        raise ValueError(
+            f"{path}: /{name} {dataset.shape} {dataset.dtype} claims {size:,} bytes, "
+            f"which a {file_bytes:,}-byte file cannot hold"
+        )
+
+
+def _calls_code(data: bytes) -> bool:
+    """Whether unpickling ``data`` would reach a callable (pickletools parses, never runs)."""
+    try:
+        for op, _, _ in pickletools.genops(data):
+            if op.name in _CODE_OPCODES:
+                return True
+    except Exception:  # noqa: BLE001 - a broken stream: unpickling stops where parsing does
+        pass
+    return False
 
 
 def _label_array(array: Any, rows: int) -> bool:
@@ -81,7 +153,7 @@ class PyTablesShardReader:
     def __init__(self, path: Path, images: str, labels: str | None) -> None:
         self.path = path
         self._pid = os.getpid()
-        self._file = tables.open_file(str(path), "r")
+        self._file = _open_file(path)
         self._images = self._file.get_node(images)
         self._labels = self._file.get_node(labels) if labels else None
         self._len = int(self._images.shape[0])
