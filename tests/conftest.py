@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,18 @@ import pytest
 from PIL import Image
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+# What a viewer shows for each EXIF orientation, written with NumPy (independent of Pillow).
+EXIF_DISPLAY: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    1: lambda a: a,
+    2: np.fliplr,
+    3: lambda a: np.rot90(a, 2),
+    4: np.flipud,
+    5: lambda a: np.rot90(np.fliplr(a), 1),
+    6: lambda a: np.rot90(a, -1),
+    7: lambda a: np.rot90(np.fliplr(a), -1),
+    8: lambda a: np.rot90(a, 1),
+}
 
 
 def image_bytes(

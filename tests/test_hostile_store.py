@@ -137,6 +137,16 @@ def test_the_scan_finds_each_way_data_becomes_code() -> None:
     assert _code_from_data(_SAFE_SOURCE) == []
 
 
+def refused_everywhere(path: Path, message: str) -> None:
+    """open_store, open_reader and `packer inspect` all refuse ``path`` with ``message``."""
+    with pytest.raises(StoreError, match=message):
+        open_store(path)
+    with pytest.raises(StoreError, match=message):
+        open_reader(path, batch_size=2)
+    done = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert done.exit_code == 1 and re.search(message, done.output), done.output
+
+
 def test_a_plain_hdf5_file_that_would_unpickle_code_is_refused(tmp_path: Path) -> None:
     """PyTables unpickles attributes as it opens a file: one holding a pickle that calls
     os.system is refused before PyTables sees it, however it is opened."""
@@ -149,12 +159,7 @@ def test_a_plain_hdf5_file_that_would_unpickle_code_is_refused(tmp_path: Path) -
             f["labels"] = np.arange(4)
             f[where].attrs["note"] = np.bytes_(exploit)
         message = f"attribute 'note' of {where}.* pickle that would run code"
-        with pytest.raises(StoreError, match=message):
-            open_store(path)
-        with pytest.raises(StoreError, match=message):
-            open_reader(path, batch_size=2)
-        done = CliRunner().invoke(cli, ["inspect", str(path)])
-        assert done.exit_code == 1 and re.search(message, done.output), done.output
+        refused_everywhere(path, message)
         assert not marker.exists()
     # A file PyTables wrote itself, with a pickled dict among its attributes, still opens.
     path = tmp_path / "tables.h5"
@@ -181,12 +186,7 @@ def test_a_plain_hdf5_file_claiming_terabytes_is_refused(
         f.create_dataset("samples", images, np.uint8, chunks=chunks)
         f.create_dataset("labels", (images[0],), np.int64, chunks=(min(images[0], 4096),))
     message = r"/(samples|labels) .* claims [\d,]+ bytes, which a [\d,]+-byte file cannot hold"
-    with pytest.raises(StoreError, match=message):
-        open_store(path)
-    with pytest.raises(StoreError, match=message):
-        open_reader(path, batch_size=2)
-    done = CliRunner().invoke(cli, ["inspect", str(path)])
-    assert done.exit_code == 1 and re.search(message, done.output), done.output
+    refused_everywhere(path, message)
 
 
 # -- the stores ---------------------------------------------------------------------------

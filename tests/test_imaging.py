@@ -7,22 +7,10 @@ from functools import partial
 
 import numpy as np
 import pytest
-from conftest import image_bytes
+from conftest import EXIF_DISPLAY, image_bytes
 from PIL import Image
 
 from packer import imaging
-
-# What a viewer shows for each EXIF orientation, written with NumPy (independent of Pillow).
-DISPLAY = {
-    1: lambda a: a,
-    2: np.fliplr,
-    3: lambda a: np.rot90(a, 2),
-    4: np.flipud,
-    5: lambda a: np.rot90(np.fliplr(a), 1),
-    6: lambda a: np.rot90(a, -1),
-    7: lambda a: np.rot90(np.fliplr(a), -1),
-    8: lambda a: np.rot90(a, 1),
-}
 
 
 def _with_orientation(pixels: np.ndarray, orientation: int, fmt: str = "PNG") -> bytes:
@@ -38,7 +26,7 @@ def test_exif_orientation_gives_upright_pixels(orientation: int) -> None:
     stored = np.random.default_rng(orientation).integers(0, 256, (5, 9, 3), dtype=np.uint8)
     data = _with_orientation(stored, orientation)
     im, info = imaging.decode(data)
-    expected = DISPLAY[orientation](stored)
+    expected = EXIF_DISPLAY[orientation](stored)
     assert np.array_equal(imaging.to_array(im), expected)
     assert (info.height, info.width) == expected.shape[:2]
     assert imaging.probe(data).height == expected.shape[0]  # header only, same geometry
