@@ -138,7 +138,7 @@ class Reader:
             for info in self.manifest.shards:
                 if not (self.path / info.file).exists():
                     raise StoreError(f"{self.path}: {info.file} is missing")
-        self.rank, self.world_size = _rank_and_world(options.rank, options.world_size)
+        self.rank, self.world_size = rank_and_world(options.rank, options.world_size)
         counts = [s.num_records for s in self.manifest.shards]
         self.chunk_size = options.chunk_size or default_chunk_size(self.manifest.stats, sum(counts))
         self._chunks = plan.chunk_spans(counts, self.chunk_size)
@@ -429,7 +429,7 @@ def _gpu_mover(opts: ReaderOptions) -> Callable[[Batch], tuple[Batch, Callable[[
     return BatchMover(opts.pin_memory, opts.device)
 
 
-def _rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
+def rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
     """Explicit values, else torch.distributed when initialised, else RANK / WORLD_SIZE."""
     if rank is None or world is None:
         found = _distributed()

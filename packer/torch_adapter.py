@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.batching import Batch
-from packer.reader import Reader, ReaderOptions
+from packer.reader import Reader, ReaderOptions, rank_and_world
 
 __all__ = ["BatchMover", "TorchDataset"]
 
@@ -86,21 +86,29 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
 
     Each worker process opens its own reader over its own part of this rank's share, so no
     record is read twice or skipped. Call ``set_epoch(e)`` before each epoch (as with
-    DistributedSampler); without persistent workers, the workers see the new epoch.
+    DistributedSampler); without persistent workers, the workers see the new epoch. Rank and
+    world size, unless given, are taken in this process when the dataset is made and at each
+    ``set_epoch`` (from torch.distributed, else RANK / WORLD_SIZE), never in a worker.
     """
 
     def __init__(self, path: Path | str, *, batch_size: int, **options: Any) -> None:
         self.path = Path(path)
         self.options = ReaderOptions(batch_size=batch_size, **options)
-        # Validate the store and options now, not in a worker.
-        reader = Reader(self.path, self.options)
-        # Rank and world size are settled here, where torch.distributed is initialised: a
-        # spawned worker has no process group and would read the whole store as rank 0 of 1.
-        self.options = replace(self.options, rank=reader.rank, world_size=reader.world_size)
+        Reader(self.path, self.options)  # validate the store and options now, not in a worker
+        self._given_ranks = (self.options.rank, self.options.world_size)
+        self._settle_ranks()
         self.epoch = 0
+
+    def _settle_ranks(self) -> None:
+        # Rank and world size are found in this process, where torch.distributed is
+        # initialised: a spawned worker has no process group and would read the whole store
+        # as rank 0 of 1.
+        rank, world = rank_and_world(*self._given_ranks)
+        self.options = replace(self.options, rank=rank, world_size=world)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self._settle_ranks()  # again: the process group may have been initialised since
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         info = get_worker_info()
