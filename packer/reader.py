@@ -257,10 +257,22 @@ class Reader:
         # which nothing can prefetch, is ready in 1/workers of the time. Raw batches of one
         # shape need no decoding, and a user's collate wants the whole batch: not split.
         split = workers if opts.collate is None and self.manifest.storage.shape is None else 1
+        # Raw pixels of one shape with no checksum, transform or collate to run are finished
+        # once gathered: the pool would only add two thread hops per batch.
+        ready = (
+            self.manifest.storage.payload == "raw"
+            and self.manifest.storage.shape is not None
+            and not finish.keywords["verify"]
+            and opts.transform is None
+            and opts.collate is None
+        )
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
             pending: deque[list[Future[Batch]]] = deque()
             try:
                 for window in self._gathered(store, epoch, skip_batches * opts.batch_size):
+                    if ready:
+                        yield mover(finish(window))
+                        continue
                     pending.append(
                         [pool.submit(finish, part) for part in split_window(window, split)]
                     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -100,7 +101,26 @@ def unpack_value(value: bytes | memoryview) -> Record:
         path, labels, crc, shape, fmt = meta["p"], meta["l"], meta["c"], meta["s"], meta["f"]
     except (msgpack.UnpackException, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"record meta is damaged: {e or type(e).__name__}") from e
-    # Checked here, once: a hostile value must reach neither NumPy nor a decoder.
+    # Checked here, once: a hostile value must reach neither NumPy nor a decoder. This runs
+    # for every record read, so the common case is one flat expression; the failing field
+    # is looked for only when it is false.
+    if not (
+        type(path) is str
+        and type(fmt) is str
+        and type(crc) is int
+        and 0 <= crc < 1 << 32
+        and type(labels) is list
+        and all(type(v) is int and -(1 << 63) <= v < 1 << 63 for v in labels)
+        and type(shape) is list
+        and len(shape) == 3
+        and all(type(v) is int and 0 <= v < 1 << 31 for v in shape)
+    ):
+        raise ValueError(f"record meta is damaged: {_damaged_field(meta)}")
+    return Record(view[_LENGTH.size + n :], tuple(labels), path, crc, tuple(shape), fmt)
+
+
+def _damaged_field(meta: dict[str, Any]) -> str:
+    path, labels, crc, shape, fmt = meta["p"], meta["l"], meta["c"], meta["s"], meta["f"]
     fits = {
         "p": isinstance(path, str),
         "l": isinstance(labels, list) and all(_is_int(v, 63, signed=True) for v in labels),
@@ -108,10 +128,8 @@ def unpack_value(value: bytes | memoryview) -> Record:
         "s": isinstance(shape, list) and len(shape) == 3 and all(_is_int(v, 31) for v in shape),
         "f": isinstance(fmt, str),
     }
-    for key, ok in fits.items():
-        if not ok:
-            raise ValueError(f"record meta is damaged: {key!r} is {_show(meta[key])}")
-    return Record(view[_LENGTH.size + n :], tuple(labels), path, crc, tuple(shape), fmt)
+    key = next(k for k, ok in fits.items() if not ok)
+    return f"{key!r} is {_show(meta[key])}"
 
 
 def _is_int(value: object, bits: int, signed: bool = False) -> bool:

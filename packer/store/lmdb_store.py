@@ -198,6 +198,13 @@ class LmdbShardReader:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         records = []
+        # Raw pixels are copied into ``out`` through a flat byte view: a plain buffer copy
+        # per record, no NumPy call.
+        if out is not None and not out.flags.c_contiguous:  # reshape would copy: writes lost
+            raise ValueError("out must be C-contiguous")
+        flat = out.reshape(-1).data if out is not None else None
+        row_bytes = out[0].nbytes if out is not None and len(out) else 0
+        shape = list(out.shape[1:]) if out is not None else []
         # buffers=True: values are views of the map, valid inside this transaction; a
         # payload is copied out once, into ``out`` or into its own bytes.
         with self._env.begin(buffers=True) as txn:
@@ -211,13 +218,13 @@ class LmdbShardReader:
                         f"{self.path}: record {expected} is missing (found {bytes(key)!r})"
                     )
                 record = unpack_value(value)
-                if out is not None:
-                    if len(record.data) != out[row].nbytes:
+                if flat is not None:
+                    if len(record.data) != row_bytes:
                         raise ValueError(
                             f"{self.path}: record {expected} has {len(record.data):,} payload "
-                            f"bytes, the store's shape {list(out.shape[1:])} needs {out[row].nbytes:,}"
+                            f"bytes, the store's shape {shape} needs {row_bytes:,}"
                         )
-                    out[row].reshape(-1)[:] = np.frombuffer(record.data, np.uint8)
+                    flat[row * row_bytes : (row + 1) * row_bytes] = record.data
                 else:
                     record.data = bytes(record.data)
                 records.append(record)
