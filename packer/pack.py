@@ -1,12 +1,14 @@
 """``pack``: a folder of images in, a pre-shuffled, sharded store out.
 
     scan -> shuffle -> plan shards -> prepare in a process pool -> shard writers -> commit
+                                      (or one Dask task per shard: packer.dask_pack)
 
 This is the only module that knows the whole sequence; each step is a function or class
-from a module with one job. Only this process writes (one writer per shard, in turn); the
-pool's workers only read, check and re-encode. Results come back in submission order from
-a bounded window of tasks, so output is identical for the same seed whatever the number of
-workers, and memory stays bounded whatever the size of the folder.
+from a module with one job. Each finished shard is recorded in a ledger (``packer.ledger``)
+so that the same command resumes an interrupted pack. Locally, only this process writes (one
+writer per shard, in turn); the pool's workers only read, check and re-encode. Results come
+back in submission order from a bounded window of tasks, so output is identical for the same
+seed whatever the number of workers, and memory stays bounded whatever the folder's size.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def pack(
     and the same call resumes from them (``options.resume`` insists on it), giving the same
     store an uninterrupted pack would have. After any other error nothing is left. Bad files
     are skipped and listed in the manifest, or stop the pack with ``options.on_error == "fail"``.
+    With ``options.append`` the images become new shards of the existing store at ``output``
+    (see ``packer.append``); with ``options.dask`` the shards are written on a Dask cluster.
 
     Raises:
         PackerError: a problem the user can act on (see ``packer.errors``).
@@ -150,7 +154,10 @@ def pack(
         ledger.begin(identity, seed, len(plan))
     except BaseException:
         # An unfinished pack of other inputs stays for its own command; nothing else does.
-        staging.release() if ledger.saved_plan() is not None else staging.discard()
+        if ledger.saved_plan() is not None:
+            staging.release()
+        else:
+            staging.discard()
         raise
 
     shards: list[ShardResult] = []
