@@ -96,7 +96,8 @@ class PackResult:
             "kept_shards": self.kept_shards,
             "images_per_s": round(packed_now / self.seconds, 1) if self.seconds else None,
             "mb_per_s": round(self.source_bytes / 1e6 / self.seconds, 1) if self.seconds else None,
-            "seed": m.seed,
+            # this pack's seed: with --append, that of the new shards, not the store's first
+            "seed": m.source["appends"][-1]["seed"] if self.appended_to else m.seed,
         }
 
 

@@ -55,6 +55,7 @@ def test_append_adds_shards_and_keeps_everything_else(
 
     after = read_manifest(base)
     assert result.to_json()["packed"] == 7 and result.appended_to == 20
+    assert result.to_json()["seed"] == 2 and result.to_json()["store_records"] == 27
     assert after.num_records == 27 and len(after.shards) == 4
     assert after.shards[:2] == before.shards
     assert {k: hashes(base)[k] for k in old_hashes} == old_hashes  # old shard files untouched
