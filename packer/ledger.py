@@ -164,6 +164,14 @@ class Ledger:
             return None
         return result
 
+    def progress(self) -> str:
+        """ ", with N of M shards finished" for a message, or "" if nothing is known."""
+        plan = self.saved_plan()
+        total = plan.get("shards") if plan else None
+        if not isinstance(total, int):
+            return ""
+        return f", with {self.count_finished()} of {total} shards finished"
+
     def count_finished(self) -> int:
         return sum(1 for _ in self.folder.glob("*" + _DONE_SUFFIX))
 

@@ -140,8 +140,11 @@ def read_manifest(store: Path | str) -> Manifest:
     if not store.exists():
         partial = store.with_name(store.name + ".partial")
         if partial.exists():
+            from packer.ledger import Ledger  # imports this module
+
             raise IncompleteStoreError(
-                f"{store}: not finished (an interrupted pack left {partial}); run the same pack command again to finish it"
+                f"{store}: not finished (an interrupted pack left {partial}"
+                f"{Ledger(partial).progress()}); run the same pack command again to finish it"
             )
         raise ManifestError(f"{store}: no such store")
     if not path.is_file():

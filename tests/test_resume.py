@@ -14,7 +14,7 @@ import pytest
 from conftest import store_path, write_image
 
 from packer import PackOptions, pack, read_manifest
-from packer.errors import PackInterrupted, ResumeError
+from packer.errors import IncompleteStoreError, PackInterrupted, ResumeError
 from packer.ledger import PLAN_NAME
 from packer.pack import Progress
 from packer.staging import partial_path
@@ -79,6 +79,9 @@ def test_an_interrupted_pack_resumes_to_the_same_store(
     assert kept == [f"shard-0000{i}.{out.suffix[1:]}.done.json" for i in (0, 1)]
     shards = [p.name for p in partial.glob("shard-*") if not p.name.endswith(".done.json")]
     assert len(shards) == 2  # the half-written third shard was removed
+
+    with pytest.raises(IncompleteStoreError, match=r"with 2 of 6 shards finished\); run the same"):
+        read_manifest(out)
 
     done: list[int] = []
     resumed = pack(source, out, opts(backend), progress=lambda p: done.append(p.done))
