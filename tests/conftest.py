@@ -73,6 +73,22 @@ def store_path(tmp_path: Path, backend: str, name: str = "out") -> Path:
     return tmp_path / (name + (".lmdb" if backend == "lmdb" else ".h5"))
 
 
+def pack_three_ways(root: Path, into: Path, seed: int, shards: int) -> dict[str, Path]:
+    """``root`` packed as LMDB and HDF5 originals and as HDF5 raw 8x8: {"lmdb", "hdf5", "raw"}."""
+    from packer import PackOptions, pack
+
+    out = {}
+    for name, backend, extra in [
+        ("lmdb", "lmdb", {}),
+        ("hdf5", "hdf5", {}),
+        ("raw", "hdf5", {"raw": True, "size": (8, 8)}),
+    ]:
+        out[name] = store_path(into, backend, name)
+        options = PackOptions(backend=backend, seed=seed, workers=2, shards=shards, **extra)  # type: ignore[arg-type]
+        pack(root, out[name], options)
+    return out
+
+
 def corpus_dir() -> Path:
     corpus = SHARED / "corpus" / "pillow-odd"
     if not corpus.is_dir():

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import store_path, write_image
+from conftest import pack_three_ways, store_path, write_image
 
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError, StoreError, UsageError
@@ -26,15 +26,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for i in range(120):
         ext = ".png" if i % 4 == 0 else ".jpg"
         write_image(root / f"c{i % 3}" / f"{i:03d}{ext}", size=(10 + i % 7, 12), seed=i)
-    out = {}
-    for name, backend, extra in [
-        ("lmdb", "lmdb", {}),
-        ("hdf5", "hdf5", {}),
-        ("raw", "hdf5", {"raw": True, "size": (8, 8)}),
-    ]:
-        out[name] = store_path(tmp, backend, name)
-        pack(root, out[name], PackOptions(backend=backend, seed=3, workers=2, shards=3, **extra))  # type: ignore[arg-type]
-    return out
+    return pack_three_ways(root, tmp, seed=3, shards=3)
 
 
 @pytest.fixture(params=["lmdb", "hdf5", "raw"])

@@ -20,9 +20,9 @@ from types import ModuleType
 
 import lmdb
 import pytest
-from conftest import store_path, write_image
+from conftest import pack_three_ways, write_image
 
-from packer import PackOptions, open_reader, open_store, pack
+from packer import open_reader, open_store
 from packer.errors import CorruptRecordError, StoreError
 from packer.record import Record, pack_value, unpack_value
 from packer.store.lmdb_store import record_key
@@ -128,16 +128,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for i in range(40):
         ext = ".png" if i % 2 else ".jpg"
         write_image(root / f"c{i % 4}" / f"{i:02d}{ext}", size=(12 + i % 19, 14), seed=i)
-    out = {}
-    for name, backend, extra in [
-        ("lmdb", "lmdb", {}),
-        ("hdf5", "hdf5", {}),
-        ("raw", "hdf5", {"raw": True, "size": (8, 8)}),
-    ]:
-        out[name] = store_path(tmp, backend, name)
-        options = PackOptions(backend=backend, seed=2, workers=2, shards=2, **extra)  # type: ignore[arg-type]
-        pack(root, out[name], options)
-    return out
+    return pack_three_ways(root, tmp, seed=2, shards=2)
 
 
 def _copy(store: Path, to: Path) -> Path:
