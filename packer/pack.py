@@ -215,6 +215,8 @@ def _resume_or_start_over(
         )
     if saved is not None:
         log.warning("%s: starting over, since %s", staging.path, why_not)
+    elif staging.leftovers():
+        log.warning("removing %s, left by a run that cannot be resumed", staging.path)
     staging.clear()
     return options.seed if options.seed is not None else new_seed()
 
