@@ -77,8 +77,11 @@ def _shard_task(job: ShardJob, context: PackContext) -> ShardResult:
     """On a worker: prepare the job's files in order and write its shard."""
     options = context.options
     Image.MAX_IMAGE_PIXELS = options.max_pixels
+    original = options.payload == "original"
     records = (
-        to_record(context.root, item, prepare_file(context.root / item.path, options))
+        to_record(
+            context.root, item, prepare_file(context.root / item.path, options, True), original
+        )
         for item in job.items
     )
     temp = job.path.with_name(f"{job.path.name}{_TEMP}{uuid.uuid4().hex}")

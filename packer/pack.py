@@ -312,7 +312,8 @@ def _write_here(
     prepared = _prepared_in_order(
         pool, [str(context.root / item.path) for item in items], context.options
     )
-    records = _read_ahead(context.root, items, prepared)
+    original = context.options.payload == "original"
+    records = _read_ahead(context.root, items, prepared, original)
     try:
         # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
         with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
@@ -334,7 +335,7 @@ def _finish(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
 
 
 def _read_ahead(
-    root: Path, items: list[SourceItem], results: Iterator[Prepared | Rejected]
+    root: Path, items: list[SourceItem], results: Iterator[Prepared | Rejected], original: bool
 ) -> Generator[Record | Skipped, None, None]:
     """Records in order. A thread reads and checksums the source bytes (both release the
     GIL) for up to 64 MB ahead, so that work overlaps the writer's in this thread."""
@@ -343,7 +344,7 @@ def _read_ahead(
         pending: deque[tuple[int, Future[Record | Skipped]]] = deque()
         queued = 0
         for item, result in zip(items, results):
-            pending.append((item.size, reader.submit(to_record, root, item, result)))
+            pending.append((item.size, reader.submit(to_record, root, item, result, original)))
             queued += item.size
             while pending and (queued > ahead_bytes or len(pending) > 1024):
                 size, future = pending.popleft()

@@ -81,7 +81,10 @@ def prepare_files(paths: list[str]) -> list[Prepared | Rejected]:
     return [prepare_file(Path(p), _options) for p in paths]
 
 
-def prepare_file(path: Path, options: PackOptions) -> Prepared | Rejected:
+def prepare_file(path: Path, options: PackOptions, keep_bytes: bool = False) -> Prepared | Rejected:
+    """What a record of ``path`` stores. Untouched source bytes are read again by the writer
+    (sending them back through the pool's pipes costs more), unless ``keep_bytes``: a caller
+    in the writer's own process keeps the bytes read here and reads each file once."""
     try:
         if options.payload == "original" and options.check == "header":
             info = imaging.probe(path, options.max_pixels)
@@ -89,7 +92,8 @@ def prepare_file(path: Path, options: PackOptions) -> Prepared | Rejected:
         data = path.read_bytes()
         if options.payload == "original":
             info = imaging.verify(data, options.max_pixels)
-            return Prepared(None, checksum(data), _shape(info, options.mode), info.format)
+            kept = data if keep_bytes else None
+            return Prepared(kept, checksum(data), _shape(info, options.mode), info.format)
         return _transform(data, options)
     except Exception as e:  # noqa: BLE001 - any exception from a decoder means "bad image"
         return Rejected(reason(e))

@@ -92,22 +92,27 @@ def hashed(path: Path, result: ShardResult) -> ShardResult:
     return result
 
 
-def to_record(root: Path, item: SourceItem, result: Prepared | Rejected) -> Record | Skipped:
-    """The record for ``item`` from what a worker made of it."""
+def to_record(
+    root: Path, item: SourceItem, result: Prepared | Rejected, original: bool
+) -> Record | Skipped:
+    """The record for ``item`` from what a worker made of it. ``original``: the payload is
+    the source file's own bytes, read here unless the worker kept them."""
     if isinstance(result, Rejected):
         return Skipped(item.path, result.reason)
-    payload = result.payload
-    crc = result.crc32
-    if payload is None:  # untouched source bytes: read them here, not through the pool's pipes
-        try:
-            payload = (root / item.path).read_bytes()
-        except OSError as e:
-            return Skipped(item.path, f"cannot read: {e.strerror}")
-        actual = checksum(payload)
-        if len(payload) != item.size or (crc is not None and crc != actual):
+    payload, crc = result.payload, result.crc32
+    if original:
+        if payload is None:
+            try:
+                payload = (root / item.path).read_bytes()
+            except OSError as e:
+                return Skipped(item.path, f"cannot read: {e.strerror}")
+            actual = checksum(payload)
+            if crc is not None and crc != actual:
+                return Skipped(item.path, "file changed while packing")
+            crc = actual
+        if len(payload) != item.size:
             return Skipped(item.path, "file changed while packing")
-        crc = actual
-    assert crc is not None
+    assert payload is not None and crc is not None
     return Record(payload, item.labels, item.path, crc, result.shape, result.format)
 
 

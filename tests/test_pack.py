@@ -14,6 +14,8 @@ from PIL import Image, ImageOps
 from packer import PackOptions, pack, read_manifest
 from packer.access import open_store
 from packer.errors import PackerError, StoreError, StoreExistsError
+from packer.record import checksum
+from packer.scan import Skipped
 from packer.source import load_source
 
 
@@ -232,3 +234,27 @@ def test_a_store_keeps_a_bounded_number_of_shards_open(
             assert len(store._readers) <= access.OPEN_SHARDS
         assert len(store._readers) == min(access.OPEN_SHARDS, 21)
         _check_global_index(out)
+
+
+def test_kept_bytes_are_read_once_and_still_checked_against_the_scan(tmp_path: Path) -> None:
+    """A Dask task keeps the bytes its check read (the local pack's pool does not, to keep
+    them out of its pipes): the file is not read again, and a size change is still caught."""
+    from packer.prepare import prepare_file
+    from packer.shard_job import to_record
+    from packer.source import SourceItem
+
+    path = write_image(tmp_path / "a.jpg", seed=1)
+    data, options = path.read_bytes(), PackOptions(seed=0)
+    item = SourceItem("a.jpg", len(data), (0,))
+    kept, plain = prepare_file(path, options, True), prepare_file(path, options)
+    path.unlink()  # from here on, only what was kept is there to read
+    record = to_record(tmp_path, item, kept, original=True)
+    assert not isinstance(record, Skipped) and bytes(record.data) == data
+    assert record.crc32 == checksum(data)
+    assert to_record(tmp_path, item, plain, original=True) == Skipped(
+        "a.jpg", "cannot read: No such file or directory"
+    )
+    grown = SourceItem("a.jpg", len(data) - 1, (0,))  # the file the scan saw was smaller
+    assert to_record(tmp_path, grown, kept, original=True) == Skipped(
+        "a.jpg", "file changed while packing"
+    )

@@ -1,0 +1,85 @@
+"""Is LMDB itself the slow part of a pack? Bare LMDB writes of 216 MB of 120 KB values, at
+several transaction sizes, with and without writemap, against a plain write + fsync of the
+same bytes, side by side in one run.
+
+    python scripts/bench_lmdb_write.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import lmdb
+
+VALUE_BYTES = 120_000  # the mean source file of scripts/bench_pack.py
+
+
+def lmdb_write(
+    path: Path, values: list[bytes], count: int, txn_bytes: int, writemap: bool
+) -> float:
+    path.unlink(missing_ok=True)
+    env = lmdb.open(
+        str(path), subdir=False, map_size=2 * count * VALUE_BYTES + (64 << 20), lock=False,
+        sync=False, metasync=False, writemap=writemap, meminit=not writemap, max_dbs=0,
+    )  # fmt: skip
+    started = time.perf_counter()
+    pending: list[tuple[bytes, bytes]] = []
+
+    def commit() -> None:
+        with env.begin(write=True) as txn:
+            cursor = txn.cursor()
+            for key, value in pending:
+                cursor.put(key, value, append=True)
+        pending.clear()
+
+    for i in range(count):
+        pending.append((b"%010d" % i, values[i % len(values)]))
+        if len(pending) * VALUE_BYTES >= txn_bytes:
+            commit()
+    if pending:
+        commit()
+    env.sync(True)
+    env.close()
+    return time.perf_counter() - started
+
+
+def plain_write(path: Path, values: list[bytes], count: int) -> float:
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        for i in range(count):
+            f.write(values[i % len(values)])
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=1800)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    values = [os.urandom(VALUE_BYTES) for _ in range(64)]
+    total_mb = args.count * VALUE_BYTES / 1e6
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench"
+        best = min(plain_write(path, values, args.count) for _ in range(args.repeat))
+        print(f"{total_mb:.0f} MB, best of {args.repeat}")
+        print(f"plain write + fsync               {best:6.3f} s")
+        for txn_mb in (8, 32, 128):
+            for writemap in (False, True):
+                seconds = min(
+                    lmdb_write(path, values, args.count, txn_mb << 20, writemap)
+                    for _ in range(args.repeat)
+                )
+                print(
+                    f"lmdb, {txn_mb:>3} MB txns, writemap={writemap!s:<5} {seconds:6.3f} s"
+                    f"  ({seconds / best:.2f}x plain)"
+                )
+
+
+if __name__ == "__main__":
+    main()
