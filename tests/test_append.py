@@ -4,6 +4,7 @@ stays exactly as it was, and readers opened before the append go on unharmed."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -164,3 +165,22 @@ def test_append_needs_an_existing_store(tmp_path: Path) -> None:
     new = folder(tmp_path / "new", {"a": 2}, 0)
     with pytest.raises(Exception, match="no such store"):
         pack(new, tmp_path / "missing.lmdb", opts("lmdb"))
+
+
+def test_append_to_a_store_whose_stats_predate_totals(
+    base: Path, tmp_path: Path, backend: str
+) -> None:
+    """Stores packed before "total" was recorded have only each size's rounded mean: the
+    merged statistics are rebuilt from it."""
+    path = base / "manifest.json"
+    data = json.loads(path.read_text())
+    for name in ("payload_bytes", "height", "width"):
+        del data["stats"][name]["total"]
+    path.write_text(json.dumps(data))
+    before = data["stats"]["payload_bytes"]
+    pack(folder(tmp_path / "new", {"eel": 3}, 500), base, opts(backend))
+    after = read_manifest(base).stats["payload_bytes"]
+    with open_store(base) as store:
+        added = sum(len(r.data) for r in list(store.records())[20:])
+    assert after["count"] == before["count"] + 3
+    assert after["total"] == round(before["mean"] * before["count"]) + added
