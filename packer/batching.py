@@ -108,11 +108,17 @@ def read_window(
     )
 
 
-def gather(window: Window, order: np.ndarray) -> Window:
-    """The records at positions ``order`` of ``window``, as a new Window (one copy per column)."""
+def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:
+    """The records at positions ``order`` of ``window``, as a new Window (one copy per column).
+
+    ``out``: for pixels of one shape, the rows of a batch to copy them into, so a batch that
+    spans two windows is copied once, not gathered and then joined.
+    """
     data: np.ndarray | list[bytes | memoryview]
     if isinstance(window.data, np.ndarray):
-        data = np.take(window.data, order, axis=0)
+        # mode="clip": the order's indices are in range, and mode="raise" would copy through
+        # a temporary buffer when given ``out``.
+        data = np.take(window.data, order, axis=0, out=out, mode="clip")
     else:
         data = [window.data[i] for i in order]
     return Window(
@@ -127,15 +133,18 @@ def gather(window: Window, order: np.ndarray) -> Window:
     )
 
 
-def concat(parts: Sequence[Window]) -> Window:
-    """One Window of ``parts`` back to back (a batch that spans two shuffle windows)."""
+def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:
+    """One Window of ``parts`` back to back (a batch that spans two shuffle windows).
+
+    ``data``: the parts' pixels, already side by side (gathered into one array's rows).
+    """
     if len(parts) == 1:
         return parts[0]
     arrays = all(isinstance(p.data, np.ndarray) for p in parts)
+    if data is None:
+        data = np.concatenate([p.data for p in parts]) if arrays else None
     return Window(
-        data=np.concatenate([p.data for p in parts])
-        if arrays
-        else [d for p in parts for d in p.data],
+        data=data if data is not None else [d for p in parts for d in p.data],
         labels=np.concatenate([p.labels for p in parts]),
         paths=[x for p in parts for x in p.paths],
         crc32=np.concatenate([p.crc32 for p in parts]),

@@ -102,9 +102,7 @@ def _copy_shards(
     manifest = store.manifest
     storage = _target_storage(store, backend)
     raw_shape = (
-        list(storage.shape)
-        if backend == "hdf5" and storage.payload == "raw" and storage.shape is not None
-        else None
+        list(storage.shape) if storage.payload == "raw" and storage.shape is not None else None
     )
     columns = len(manifest.label_columns)
     source_bytes = [_file_size(store.path / s.file) for s in manifest.shards]

@@ -33,7 +33,9 @@ __all__ = [
 ]
 
 FORMAT = "packer-store"
-FORMAT_VERSION = 1
+# 2: raw LMDB shards of one shape use the "columns" layout (packer/store/lmdb_store.py).
+# A format 1 store reads as before.
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 _SHARD_NAME = re.compile(r"^shard-\d{5,}\.(lmdb|h5)$")
 _MAX_RECORDS = 1 << 40  # far beyond any real store; guards allocations sized from the manifest

@@ -309,6 +309,7 @@ class Reader:
         fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
         carry: list[Window] = []
         carried = 0
+        rows: np.ndarray | None = None
         window: Window | None = None
         for spans, order in self._planned_windows(epoch):
             size = len(order)
@@ -327,14 +328,17 @@ class Reader:
             start = 0
             while start < len(order):
                 take = min(opts.batch_size - carried, len(order) - start)
-                carry.append(gather(window, order[start : start + take]))
+                if fixed and rows is None:  # pixels of one shape: one batch array, filled in parts
+                    rows = np.empty((opts.batch_size, *fixed), np.uint8)
+                into = rows[carried : carried + take] if rows is not None else None
+                carry.append(gather(window, order[start : start + take], into))
                 carried += take
                 start += take
                 if carried == opts.batch_size:
-                    yield concat(carry)
-                    carry, carried = [], 0
+                    yield concat(carry, rows)
+                    carry, carried, rows = [], 0, None
         if carry and not opts.drop_last:
-            yield concat(carry)
+            yield concat(carry, None if rows is None else rows[:carried])
 
     # -- resume, stats, lifetime ------------------------------------------------------
 

@@ -58,7 +58,7 @@ def write_shard(
         options.backend,
         storage(options, None),
         context.columns,
-        options.fixed_shape() if options.backend == "hdf5" else None,
+        options.fixed_shape(),
     )
     expected = sum(estimated_bytes(item, options) for item in job.items)
     writer = open_shard_writer(options.backend, path, meta, expected)

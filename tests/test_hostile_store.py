@@ -36,8 +36,7 @@ import packer
 from packer import PackOptions, open_reader, open_store, pack
 from packer.cli import cli
 from packer.errors import StoreError
-from packer.record import checksum
-from packer.store.lmdb_store import META_KEY, record_key
+from packer.store.lmdb_store import META_KEY, columns_key, record_key
 
 # -- no code from a store ---------------------------------------------------------------
 
@@ -269,15 +268,35 @@ def _huge_manifest(store: Path, manifest: dict[str, Any]) -> str:
 
 def _lmdb_value(index: int, change: Callable[[bytes], bytes]) -> Callable[[Path, Any], None]:
     """An edit rewriting record ``index`` of shard 0 (or its __packer__ meta, index -1)."""
+    return _lmdb_key(META_KEY if index < 0 else record_key(index), change)
+
+
+def _lmdb_key(key: bytes, change: Callable[[bytes], bytes | None]) -> Callable[[Path, Any], None]:
+    """An edit rewriting the value of ``key`` in shard 0, or deleting it where change gives None."""
 
     def edit(store: Path, manifest: dict[str, Any]) -> None:
         env = lmdb.open(str(store / SHARD["lmdb"]), subdir=False, lock=False, map_size=1 << 26)
-        key = META_KEY if index < 0 else record_key(index)
         with env.begin(write=True) as txn:
-            txn.put(key, change(txn.get(key)))
+            value = change(txn.get(key))
+            if value is None:
+                txn.delete(key)
+            else:
+                txn.put(key, value)
         env.close()
 
     return edit
+
+
+def _columns(**changes: Any) -> Callable[[bytes], bytes]:
+    """A column group (raw LMDB layout) with ``changes``: a value, or a function of the old one."""
+
+    def change(value: bytes) -> bytes:
+        group = msgpack.unpackb(value)
+        for key, new in changes.items():
+            group[key] = new(group[key]) if callable(new) else new
+        return msgpack.packb(group)
+
+    return change
 
 
 def _meta(**changes: Any) -> Callable[[bytes], bytes]:
@@ -299,14 +318,6 @@ def _meta_is(raw: Any) -> Callable[[bytes], bytes]:
         return len(packed).to_bytes(4, "little") + packed + value[4 + n :]
 
     return change
-
-
-def _short_payload(value: bytes) -> bytes:  # a valid meta and CRC for a payload 10 bytes short
-    n = int.from_bytes(value[:4], "little")
-    meta = msgpack.unpackb(value[4 : 4 + n])
-    payload = value[4 + n : -10]
-    packed = msgpack.packb({**meta, "c": checksum(payload)})
-    return len(packed).to_bytes(4, "little") + packed + payload
 
 
 def _truncate_lmdb(store: Path, manifest: dict[str, Any]) -> None:
@@ -383,7 +394,7 @@ CASES: dict[str, Case] = {
     "json-nan": Case("lmdb", _set("stats", "payload_bytes", "mean", value=float("nan")), ["NaN"]),
     "json-huge": Case("lmdb", _huge_manifest, ["104,857,600-byte manifest"]),
     "json-not-utf8": Case("lmdb", _text("\udcff"), ["unreadable manifest"]),
-    "version-newer": Case("lmdb", _set("format_version", value=2), ["upgrade packer"]),
+    "version-newer": Case("lmdb", _set("format_version", value=99), ["upgrade packer"]),
     "version-zero": Case("lmdb", _set("format_version", value=0), ["format_version 0"]),
     "version-string": Case("lmdb", _set("format_version", value="1"), ["format_version"]),
     "stats-string": Case("lmdb", _set("stats", value="x"), ["stats"]),
@@ -427,8 +438,54 @@ CASES: dict[str, Case] = {
         [_R + " 3"],
         (_HEAD, _VERIFY),
     ),
+    # raw pixels of one shape in LMDB: values hold pixels alone, the rest is in column groups
     "payload-short-of-shape": Case(
-        "raw-lmdb", _lmdb_value(3, _short_payload), [_R + " 3", "182"], (_VERIFY,)
+        "raw-lmdb", _lmdb_value(3, lambda v: v[:-10]), [_R + " 3", "182"], (_VERIFY,)
+    ),
+    "raw-record-missing": Case(
+        "raw-lmdb", _lmdb_value(3, lambda v: None), [_R + " 3 is missing"], (_VERIFY,)
+    ),
+    "columns-missing": Case(
+        "raw-lmdb",
+        _lmdb_key(columns_key(0), lambda v: None),
+        ["records 0..11 are missing"],
+        (_HEAD, _VERIFY),
+    ),
+    "columns-garbage": Case(
+        "raw-lmdb",
+        _lmdb_key(columns_key(0), lambda v: b"\xc1\xc1"),
+        ["records 0..11", "damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "columns-labels-short": Case(
+        "raw-lmdb",
+        _lmdb_key(columns_key(0), _columns(l=lambda b: b[:-8])),
+        ["0..11", "damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "columns-path-int": Case(
+        "raw-lmdb",
+        _lmdb_key(columns_key(0), _columns(p=lambda p: [7, *p[1:]])),
+        ["damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "columns-a-billion-paths": Case(
+        "raw-lmdb",
+        _lmdb_key(columns_key(0), lambda v: msgpack.packb({"l": b"", "c": b"", "p": [""] * 10**6})),
+        ["records 0..11", "damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "layout-unknown": Case(
+        "raw-lmdb",
+        _lmdb_value(-1, lambda v: msgpack.packb({**msgpack.unpackb(v), "layout": "rows"})),
+        [f"{_S0}.lmdb", "'rows'"],
+        (_HEAD, _VERIFY),
+    ),
+    "layout-shape-huge": Case(
+        "raw-lmdb",
+        _lmdb_value(-1, lambda v: msgpack.packb({**msgpack.unpackb(v), "raw_shape": [2**20] * 3})),
+        [f"{_S0}.lmdb", "raw_shape"],
+        (_HEAD, _VERIFY),
     ),
     "shard-meta-garbage": Case(
         "lmdb", _lmdb_value(-1, lambda v: b"\xc1\xc1"), [f"{_S0}.lmdb"], (_HEAD, _VERIFY)

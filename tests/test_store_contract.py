@@ -14,7 +14,7 @@ import tables
 
 from packer.record import Record, checksum, unpack_value
 from packer.store import ShardMeta, open_shard_reader, open_shard_writer, shard_name
-from packer.store.lmdb_store import LmdbShardWriter
+from packer.store.lmdb_store import GROUP, LmdbShardWriter
 
 
 def _records(n: int, seed: int = 0, shape: tuple[int, int, int] | None = None) -> list[Record]:
@@ -88,6 +88,46 @@ def test_hdf5_raw_fixed_shape_is_one_array(tmp_path: Path) -> None:
     reader.close()
     with h5py.File(path) as f:
         assert f["images"].compression == "gzip"
+
+
+@pytest.mark.parametrize("n", [0, 1, GROUP + 5])
+def test_raw_pixels_of_one_shape_read_back_in_any_block(
+    tmp_path: Path, backend: str, n: int
+) -> None:
+    """LMDB keeps them in the "columns" layout: blocks across a column group's end included."""
+    path = tmp_path / shard_name(backend, 0)
+    records = _records(n, shape=(2, 3, 3))
+    _write(backend, path, records, ShardMeta(0, 2, raw_shape=[2, 3, 3]))
+    reader = open_shard_reader(backend, path)
+    for start, stop in [(0, n), (n // 2, n), (min(n, GROUP - 3), min(n, GROUP + 2)), (n, n)]:
+        out = np.empty((stop - start, 2, 3, 3), np.uint8)
+        block = reader.read_block(start, stop, out=out)
+        assert block.data.shape == out.shape
+        assert stop == start or np.shares_memory(block.data, out)
+        assert all(_same(block.record(i), records[start + i]) for i in range(len(block)))
+    if n:
+        assert _same(reader.read_record(n - 1), records[n - 1])
+    assert reader.read_labels().tolist() == [list(r.labels) for r in records]
+    reader.close()
+
+
+def test_lmdb_raw_pixels_of_one_shape_are_plain_values(tmp_path: Path) -> None:
+    path = tmp_path / "shard-00000.lmdb"
+    records = _records(20, shape=(2, 3, 3))
+    _write("lmdb", path, records, ShardMeta(0, 2, raw_shape=[2, 3, 3]))
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        assert txn.get(b"0000000007") == records[7].data  # the pixels, nothing else
+        columns = msgpack.unpackb(txn.get(b"__columns__0000000000"))
+        assert columns["p"] == [r.path for r in records]
+        assert np.frombuffer(columns["c"], "<u4").tolist() == [r.crc32 for r in records]
+        meta = msgpack.unpackb(txn.get(b"__packer__"))
+        assert (meta["layout"], meta["group"], meta["raw_shape"]) == ("columns", GROUP, [2, 3, 3])
+    env.close()
+    writer = LmdbShardWriter(tmp_path / "other.lmdb", ShardMeta(0, 2, raw_shape=[2, 3, 3]))
+    with pytest.raises(ValueError, match="needs 18"):
+        writer.append(_records(1, shape=(2, 3, 2))[0])
+    writer.abort()
 
 
 def test_lmdb_map_grows_and_replays_without_losing_records(tmp_path: Path) -> None:

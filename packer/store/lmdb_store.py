@@ -2,7 +2,15 @@
 
 Keys are the record's index in the shard as 10 zero-padded digits, so cursor order is
 packed order and one cursor walk reads a range. The key ``__packer__`` (sorting after every
-digit key) holds the shard's own metadata. Values are laid out by ``packer.record``.
+digit key) holds the shard's own metadata. Two value layouts:
+
+- "records" (encoded images, raw pixels of many shapes): each value is a whole record,
+  laid out by ``packer.record``.
+- "columns" (raw pixels of one shape): each value is the pixels alone, and every
+  ``GROUP`` records share one ``__columns__<first index>`` key holding their labels,
+  CRC-32s and paths as msgpack. A chunk is then read by copying values, with no
+  per-record parsing: raw records are small, so per-record work would cost more than
+  the bytes (scripts/bench_reader.py).
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +29,31 @@ import numpy as np
 from packer.record import Block, Record, pack_value, unpack_value
 from packer.store.base import ShardMeta
 
-__all__ = ["LmdbShardWriter", "LmdbShardReader", "META_KEY", "record_key"]
+__all__ = [
+    "LmdbShardWriter",
+    "LmdbShardReader",
+    "META_KEY",
+    "GROUP",
+    "record_key",
+    "columns_key",
+]
 
 META_KEY = b"__packer__"
 _COMMIT_BYTES = 64 << 20  # one write transaction per ~64 MB: few commits, bounded memory
 _COMMIT_RECORDS = 8192
+# Records per column group in the "columns" layout: the writer holds one group's labels,
+# checksums and paths; a reader decodes one or two groups per chunk.
+GROUP = 4096
+_DIGIT_WEIGHTS = 10 ** np.arange(9, -1, -1, dtype=np.int64)
 
 
 def record_key(index: int) -> bytes:
     return b"%010d" % index
+
+
+def columns_key(first: int) -> bytes:
+    """The key of the column group whose first record is ``first`` (a multiple of GROUP)."""
+    return b"__columns__%010d" % first
 
 
 class LmdbShardWriter:
@@ -60,14 +85,47 @@ class LmdbShardWriter:
         self._pending_bytes = 0
         self._count = 0
         self.map_growths = 0
+        shape = meta.raw_shape
+        self._row_bytes = int(np.prod(shape)) if shape is not None else None  # "columns" layout
+        self._group: list[Record] = []  # records of the column group being filled
+        # Finished groups wait for close: their keys sort after every record's, and appends
+        # must come in key order. About 20 bytes + a path per record.
+        self._groups: list[tuple[bytes, bytes]] = []
 
     def append(self, record: Record) -> None:
-        value = pack_value(record)
-        self._pending.append((record_key(self._count), value))
-        self._pending_bytes += len(value)
+        if self._row_bytes is None:
+            value = pack_value(record)
+        else:
+            if len(record.data) != self._row_bytes:
+                raise ValueError(
+                    f"{record.path}: {len(record.data):,} pixel bytes, the shard's shape "
+                    f"{self.meta.raw_shape} needs {self._row_bytes:,}"
+                )
+            value = bytes(record.data)
+            self._group.append(record)
+        self._put(record_key(self._count), value)
         self._count += 1
+        if len(self._group) == GROUP:
+            self._end_group()
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self._pending.append((key, value))
+        self._pending_bytes += len(value)
         if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
             self._commit()
+
+    def _end_group(self) -> None:
+        group, columns = self._group, self.meta.num_label_columns
+        labels = np.array([r.labels for r in group], "<i8").reshape(len(group), columns)
+        value = msgpack.packb(
+            {
+                "l": labels.tobytes(),
+                "c": np.array([r.crc32 for r in group], "<u4").tobytes(),
+                "p": [r.path for r in group],
+            }
+        )
+        self._groups.append((columns_key(self._count - len(group)), value))
+        self._group = []
 
     def _commit(self) -> None:
         while True:
@@ -75,7 +133,10 @@ class LmdbShardWriter:
                 with self._env.begin(write=True) as txn:
                     cursor = txn.cursor()
                     for key, value in self._pending:
-                        cursor.put(key, value, append=True)  # keys arrive sorted: pages fill 100%
+                        # Keys arrive sorted: pages fill 100%. A key out of order is not
+                        # written (put says False): never let that pass silently.
+                        if not cursor.put(key, value, append=True):
+                            raise ValueError(f"{self.path}: key {key!r} arrived out of order")
                 break
             except lmdb.MapFullError:
                 # The aborted transaction wrote nothing; grow and replay the same batch.
@@ -85,11 +146,19 @@ class LmdbShardWriter:
         self._pending_bytes = 0
 
     def close(self) -> None:
+        if self._group:
+            self._end_group()
+        for key, value in self._groups:
+            self._put(key, value)
+        layout: dict[str, Any] = {"layout": "records"}
+        if self._row_bytes is not None:
+            layout = {"layout": "columns", "group": GROUP}
         meta = {
             "index": self.meta.index,
             "num_records": self._count,
             "num_label_columns": self.meta.num_label_columns,
             "raw_shape": self.meta.raw_shape,
+            **layout,
             **self.meta.extra,
         }
         self._pending.append((META_KEY, msgpack.packb(meta)))
@@ -183,6 +252,7 @@ class LmdbShardReader:
                 raise ValueError(f"{path}: not a packer shard (no {META_KEY.decode()} key)")
             self.meta: dict[str, Any] = msgpack.unpackb(raw)
             self._len = int(self.meta["num_records"])
+            self._shape = _columns_shape(self.meta)  # None: the "records" layout
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
             self.close()  # release the environment: a failed open must not hold it
             if raw is None:
@@ -190,6 +260,7 @@ class LmdbShardReader:
             raise ValueError(
                 f"{path}: not a packer shard (damaged {META_KEY.decode()}: {e or type(e).__name__})"
             ) from e
+        self._cached_group: tuple[int, Block] | None = None  # the last column group decoded
 
     def __len__(self) -> int:
         return self._len
@@ -197,6 +268,8 @@ class LmdbShardReader:
     def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        if self._shape is not None:
+            return self._read_columns(start, stop, out)
         records = []
         # Raw pixels are copied into ``out`` through a flat byte view: a plain buffer copy
         # per record, no NumPy call.
@@ -234,9 +307,103 @@ class LmdbShardReader:
             block.data = out[: stop - start]
         return block
 
+    def _read_columns(self, start: int, stop: int, out: np.ndarray | None) -> Block:
+        """Records of the "columns" layout: each value copied into ``out`` as it is, the
+        metadata sliced from its column groups."""
+        n, shape = stop - start, self._shape
+        assert shape is not None
+        if out is None:
+            out = np.empty((n, *shape), np.uint8)
+        if out.shape[1:] != shape or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous array of records of shape {shape}")
+        flat, row_bytes = out.reshape(-1).data, int(np.prod(shape))
+        with self._env.begin(buffers=True) as txn:
+            cursor = txn.cursor()
+            if n and not cursor.set_key(record_key(start)):
+                raise ValueError(f"{self.path}: record {start} is missing")
+            items = list(islice(cursor.iternext(keys=True, values=True), n))
+            keys = [key for key, _ in items]
+            self._check_keys(keys, start, stop)
+            at = 0
+            for (_, value), index in zip(items, range(start, stop)):
+                if len(value) != row_bytes:
+                    raise ValueError(
+                        f"{self.path}: record {index} has {len(value):,} payload bytes, "
+                        f"the store's shape {list(shape)} needs {row_bytes:,}"
+                    )
+                flat[at : at + row_bytes] = value
+                at += row_bytes
+            groups = [self._group(txn, g) for g in range(start // GROUP, -(-stop // GROUP))]
+        cut = slice(start % GROUP, start % GROUP + n)
+        columns = int(self.meta["num_label_columns"])
+        return Block(
+            data=out[:n],
+            labels=np.concatenate([g.labels for g in groups] or [np.zeros((0, columns), np.int64)])[
+                cut
+            ],
+            paths=[p for g in groups for p in g.paths][cut],
+            crc32=np.concatenate([g.crc32 for g in groups] or [np.zeros(0, np.uint32)])[cut],
+            shapes=np.tile(np.array(shape, np.int32), (n, 1)),
+            formats=["raw"] * n,
+        )
+
+    def _check_keys(self, keys: list[Any], start: int, stop: int) -> None:
+        """Raise ValueError unless ``keys`` are exactly the keys of records start..stop-1."""
+        n = stop - start
+        joined = b"".join(keys)
+        if len(keys) == n and len(joined) == 10 * n:
+            digits = np.frombuffer(joined, np.uint8).reshape(n, 10).astype(np.int64) - 48
+            numbers = digits @ _DIGIT_WEIGHTS
+            if ((digits >= 0) & (digits <= 9)).all() and (numbers == np.arange(start, stop)).all():
+                return
+        for expected, key in zip(range(start, stop), [*keys, b"(the end)"]):
+            if bytes(key) != record_key(expected):
+                raise ValueError(
+                    f"{self.path}: record {expected} is missing (found {bytes(key)!r})"
+                )
+
+    def _group(self, txn: lmdb.Transaction, number: int) -> Block:
+        """Column group ``number``, checked, as a Block without payloads."""
+        if self._cached_group is not None and self._cached_group[0] == number:
+            return self._cached_group[1]
+        first = number * GROUP
+        size, columns = min(GROUP, self._len - first), int(self.meta["num_label_columns"])
+        where = f"{self.path}: the columns of records {first}..{first + size - 1}"
+        value = txn.get(columns_key(first))
+        if value is None:
+            raise ValueError(f"{where} are missing")
+        try:
+            # Limits: a hostile value must not unpack into more objects than a group holds.
+            group = msgpack.unpackb(value, max_array_len=GROUP, max_map_len=3)
+            labels, crc32, paths = group["l"], group["c"], group["p"]
+        except (msgpack.UnpackException, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{where} are damaged: {e or type(e).__name__}") from e
+        if not (
+            type(labels) is bytes
+            and len(labels) == 8 * size * columns
+            and type(crc32) is bytes
+            and len(crc32) == 4 * size
+            and type(paths) is list
+            and len(paths) == size
+            and all(type(p) is str for p in paths)
+        ):
+            raise ValueError(f"{where} are damaged: not {size} labels, checksums and paths")
+        block = Block(
+            data=[],
+            labels=np.frombuffer(labels, "<i8").reshape(size, columns).astype(np.int64),
+            paths=paths,
+            crc32=np.frombuffer(crc32, "<u4").astype(np.uint32),
+            shapes=np.zeros((0, 3), np.int32),
+            formats=[],
+        )
+        self._cached_group = (number, block)
+        return block
+
     def read_record(self, index: int) -> Record:
         if not 0 <= index < self._len:
             raise IndexError(f"record {index} out of range for {self._len} records")
+        if self._shape is not None:
+            return self.read_block(index, index + 1).record(0)
         with self._env.begin() as txn:
             value = txn.get(record_key(index))
         if value is None:
@@ -244,12 +411,16 @@ class LmdbShardReader:
         return unpack_value(value)  # a view of ``value``, a bytes object of its own
 
     def read_labels(self) -> np.ndarray:
+        columns = self.meta.get("num_label_columns", 0)
+        if self._shape is not None:
+            with self._env.begin(buffers=True) as txn:
+                groups = [self._group(txn, g) for g in range(-(-self._len // GROUP))]
+            return np.concatenate([g.labels for g in groups] or [np.zeros((0, columns), np.int64)])
         # One cursor walk over views of the map: only each value's small meta is parsed.
         with self._env.begin(buffers=True) as txn:
             labels = [
                 unpack_value(value).labels for key, value in txn.cursor() if bytes(key) != META_KEY
             ]
-        columns = self.meta.get("num_label_columns", 0)
         return np.array(labels, np.int64).reshape(len(labels), columns)
 
     def close(self) -> None:
@@ -262,6 +433,26 @@ class LmdbShardReader:
         # environment, a descriptor and a map, open for the rest of the process.
         with contextlib.suppress(Exception):  # half-made, or at interpreter exit
             self.close()
+
+
+def _columns_shape(meta: dict[str, Any]) -> tuple[int, int, int] | None:
+    """The record shape of a "columns" shard, None for "records"; ValueError if damaged."""
+    layout = meta.get("layout", "records")  # format 1 shards have no layout key
+    if layout == "records":
+        return None
+    shape = meta.get("raw_shape")
+    if layout != "columns" or meta.get("group") != GROUP:
+        raise ValueError(f"layout {layout!r} with group {meta.get('group')!r} is not known")
+    if not (
+        type(shape) is list
+        and len(shape) == 3
+        and all(type(v) is int and 0 < v < 1 << 31 for v in shape)
+        and shape[0] * shape[1] * shape[2] <= 1 << 30
+        and type(meta.get("num_label_columns")) is int
+        and 0 <= meta["num_label_columns"] < 1 << 16
+    ):
+        raise ValueError(f"raw_shape {shape!r} is not a record shape")
+    return (shape[0], shape[1], shape[2])
 
 
 def _to_block(records: list[Record], num_label_columns: int) -> Block:
