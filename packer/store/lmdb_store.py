@@ -44,7 +44,6 @@ _COMMIT_RECORDS = 8192
 # Records per column group in the "columns" layout: the writer holds one group's labels,
 # checksums and paths; a reader decodes one or two groups per chunk.
 GROUP = 4096
-_DIGIT_WEIGHTS = 10 ** np.arange(9, -1, -1, dtype=np.int64)
 
 
 def record_key(index: int) -> bytes:
@@ -314,53 +313,57 @@ class LmdbShardReader:
         assert shape is not None
         if out is None:
             out = np.empty((n, *shape), np.uint8)
-        if out.shape[1:] != shape or not out.flags.c_contiguous:
+        if out.shape[1:] != shape or len(out) < n or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous array of records of shape {shape}")
         flat, row_bytes = out.reshape(-1).data, int(np.prod(shape))
         with self._env.begin(buffers=True) as txn:
             cursor = txn.cursor()
             if n and not cursor.set_key(record_key(start)):
                 raise ValueError(f"{self.path}: record {start} is missing")
-            items = list(islice(cursor.iternext(keys=True, values=True), n))
-            keys = [key for key, _ in items]
-            self._check_keys(keys, start, stop)
             at = 0
-            for (_, value), index in zip(items, range(start, stop)):
+            for value in islice(cursor.iternext(keys=False), n):
                 if len(value) != row_bytes:
+                    index = start + at // row_bytes
                     raise ValueError(
                         f"{self.path}: record {index} has {len(value):,} payload bytes, "
                         f"the store's shape {list(shape)} needs {row_bytes:,}"
                     )
                 flat[at : at + row_bytes] = value
                 at += row_bytes
-            groups = [self._group(txn, g) for g in range(start // GROUP, -(-stop // GROUP))]
-        cut = slice(start % GROUP, start % GROUP + n)
+            # Keys are unique and sorted: n values from record start's key to record
+            # stop - 1's are those records, unless one is missing (a foreign key in its place).
+            if n and (at != n * row_bytes or cursor.key() != record_key(stop - 1)):
+                self._find_missing(txn, start, stop)
+            groups = range(start // GROUP, -(-stop // GROUP))
+            parts = [(self._group(txn, g), g * GROUP) for g in groups]
+        cuts = [slice(max(start - first, 0), stop - first) for _, first in parts]
         columns = int(self.meta["num_label_columns"])
         return Block(
             data=out[:n],
-            labels=np.concatenate([g.labels for g in groups] or [np.zeros((0, columns), np.int64)])[
-                cut
-            ],
-            paths=[p for g in groups for p in g.paths][cut],
-            crc32=np.concatenate([g.crc32 for g in groups] or [np.zeros(0, np.uint32)])[cut],
+            labels=np.concatenate(
+                [g.labels[cut] for (g, _), cut in zip(parts, cuts)]
+                or [np.zeros((0, columns), np.int64)]
+            ),
+            paths=[p for (g, _), cut in zip(parts, cuts) for p in g.paths[cut]],
+            crc32=np.concatenate(
+                [g.crc32[cut] for (g, _), cut in zip(parts, cuts)] or [np.zeros(0, np.uint32)]
+            ),
             shapes=np.tile(np.array(shape, np.int32), (n, 1)),
             formats=["raw"] * n,
         )
 
-    def _check_keys(self, keys: list[Any], start: int, stop: int) -> None:
-        """Raise ValueError unless ``keys`` are exactly the keys of records start..stop-1."""
-        n = stop - start
-        joined = b"".join(keys)
-        if len(keys) == n and len(joined) == 10 * n:
-            digits = np.frombuffer(joined, np.uint8).reshape(n, 10).astype(np.int64) - 48
-            numbers = digits @ _DIGIT_WEIGHTS
-            if ((digits >= 0) & (digits <= 9)).all() and (numbers == np.arange(start, stop)).all():
-                return
-        for expected, key in zip(range(start, stop), [*keys, b"(the end)"]):
+    def _find_missing(self, txn: lmdb.Transaction, start: int, stop: int) -> None:
+        """Raise ValueError naming the first of records start..stop-1 whose key is not there."""
+        cursor = txn.cursor()
+        cursor.set_key(record_key(start))
+        keys = cursor.iternext(values=False)
+        for expected in range(start, stop):
+            key = next(keys, b"(the end of the shard)")
             if bytes(key) != record_key(expected):
                 raise ValueError(
                     f"{self.path}: record {expected} is missing (found {bytes(key)!r})"
                 )
+        raise ValueError(f"{self.path}: records {start}..{stop - 1} are not all there")
 
     def _group(self, txn: lmdb.Transaction, number: int) -> Block:
         """Column group ``number``, checked, as a Block without payloads."""
