@@ -236,10 +236,13 @@ class Prefetcher(Generic[T]):
             ``items``: items delivered; ``wait_s``: seconds the consumer spent in
             ``__next__`` waiting for an item; ``produce_s``: seconds the producer spent
             inside the source's ``next``; ``queue_fill``: mean number of ready items
-            found in the queue at each ``__next__`` (0..depth); ``depth``.
+            found in the queue at each ``__next__`` (0..depth), from ``fills`` (their
+            sum) and ``waits`` (the calls); ``depth``.
         """
         return {
             "items": self._items,
+            "waits": self._calls,
+            "fills": self._fill_sum,
             "wait_s": self._wait_s,
             "produce_s": self._shared.produce_s,
             "queue_fill": self._fill_sum / self._calls if self._calls else 0.0,

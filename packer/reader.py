@@ -1,12 +1,13 @@
 """``open_reader``: batches from a store, read sequentially, reshuffled locally, prefetched.
 
-    epoch plan (pure) -> read_window -> gather -> finish_batch (threads) -> [to torch / GPU]
-                                                                          -> Prefetcher queue -> you
+    Producer (packer.produce, one background thread) -> Prefetcher queue -> Reader -> you
 
 The producer side (reading, gathering, GPU copies) runs in one background thread; checks,
 decoding and transforms run in a pool of ``workers`` threads; the training loop only takes
-finished batches off a bounded queue. Store handles are opened lazily in the process that
-reads, so a Reader pickles as its path and options and works in DataLoader workers.
+finished batches off a bounded queue. At an epoch's end the producer goes on with the next
+epoch, so an epoch boundary costs the training loop no wait. Store handles are opened
+lazily in the process that reads, so a Reader pickles as its path and options and works in
+DataLoader workers.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import os
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,20 +29,13 @@ from typing import Any
 import numpy as np
 
 from packer import epoch as plan
-from packer.access import Store, open_manifest
+from packer.access import open_manifest
 from packer.batching import (
     Batch,
-    Window,
-    concat,
-    finish_batch,
-    gather,
-    merge_batches,
-    read_window,
-    split_window,
 )
 from packer.errors import StoreError, UsageError
-from packer.options import default_workers
 from packer.prefetch import Prefetcher
+from packer.produce import EPOCH_END, Producer
 
 __all__ = ["ReaderOptions", "Reader", "open_reader"]
 
@@ -70,6 +62,8 @@ class ReaderOptions:
     chunk_size: int | None = None  # None: about 32 MB of payload, and at least 64 chunks
     buffer_chunks: int = 8
     prefetch: int = 4
+    # At an epoch's end, go on prefetching the next one, so it starts without a wait.
+    across_epochs: bool = True
     workers: int | None = None  # decode threads; None: all cores
     decode: bool = True
     transform: Callable[[Any], Any] | None = None
@@ -141,24 +135,26 @@ class Reader:
         self.rank, self.world_size = rank_and_world(options.rank, options.world_size)
         counts = [s.num_records for s in self.manifest.shards]
         self.chunk_size = options.chunk_size or default_chunk_size(self.manifest.stats, sum(counts))
-        self._chunks = plan.chunk_spans(counts, self.chunk_size)
-        self._store: Store | None = None
-        self._store_pid = -1
+        worker, workers = options.worker or (0, 1)
+        self._producer = Producer(
+            self.path,
+            options,
+            self.manifest,
+            (self.rank, self.world_size, worker, workers),
+            self.chunk_size,
+        )
         self._next_epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches already delivered)
         self._active: Prefetcher[Any] | None = None
+        self._ahead: tuple[int, int] | None = None  # (epoch, skip) _active is producing ahead
         self._position = (0, 0)  # (epoch, batches delivered in it)
-        self._counters = _Counters()
+        self._counters = _Counters(None)
 
     # -- the epoch plan ---------------------------------------------------------------
 
-    def _parts(self) -> tuple[int, int, int, int]:
-        worker, workers = self.options.worker or (0, 1)
-        return self.rank, self.world_size, worker, workers
-
     def records_per_epoch(self) -> int:
         """Records this reader yields per epoch (its rank's share, its worker's part of it)."""
-        rank, world, worker, workers = self._parts()
+        rank, world, worker, workers = self._producer.parts
         share = plan.share_size(self.manifest.num_records, world, rank, self.options.remainder)
         return plan.share_size(share, workers, worker, "uneven")
 
@@ -166,15 +162,9 @@ class Reader:
         n, b = self.records_per_epoch(), self.options.batch_size
         return n // b if self.options.drop_last else math.ceil(n / b)
 
-    def _spans(self, epoch: int) -> list[plan.Span]:
-        rank, world, worker, workers = self._parts()
-        order = (
-            plan.shuffled_chunks(self._chunks, self.options.seed, epoch)
-            if self.options.shuffle
-            else self._chunks
-        )
-        mine = plan.take_share(order, rank, world, self.options.remainder)
-        return plan.take_share(mine, worker, workers, "uneven")
+    def record_order(self, epoch: int) -> np.ndarray:
+        """Global indices of the records this reader yields in ``epoch``, in order; no I/O."""
+        return self._producer.record_order(epoch)
 
     # -- iteration --------------------------------------------------------------------
 
@@ -184,27 +174,34 @@ class Reader:
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
         self._resume = None
-        self._stop_active()
-        stop = threading.Event()  # set when the prefetcher stops: decode threads give up early
-        prefetcher: Prefetcher[Any] = Prefetcher(
-            partial(self._produce, epoch, skip, stop),
-            depth=self.options.prefetch,
-            name="packer-prefetch",
-            stop=stop,
-        )
-        self._active = prefetcher
+        if self._active is None or self._ahead != (epoch, skip):
+            # Nothing prefetched for this epoch (the first, a resume, an epoch skipped or
+            # repeated, an epoch left before its end): start a producer here.
+            self._stop_active()
+            stop = threading.Event()  # set when the prefetcher stops: decode threads give up early
+            self._active = Prefetcher(
+                partial(self._producer.epochs, epoch, skip, stop),
+                depth=self.options.prefetch,
+                name="packer-prefetch",
+                stop=stop,
+            )
+        self._ahead = None
         _RUNNING.add(self)
         self._position = (epoch, skip)
-        self._counters = _Counters()  # figures are per epoch
-        return self._consume(prefetcher, self._counters, epoch, skip)
+        self._counters = _Counters(self._active)  # figures are per epoch
+        return self._consume(self._active, self._counters, epoch, skip)
 
     def _consume(
         self, prefetcher: Prefetcher[Any], counters: _Counters, epoch: int, delivered: int
     ) -> Iterator[tuple[Any, ...]]:
         # Its own prefetcher and counters: an abandoned epoch closed late never touches the
         # figures of the epoch that replaced it.
+        finished = False
         try:
             for item in prefetcher:
+                if item is EPOCH_END:
+                    finished = True
+                    break
                 batch, ready = item
                 if ready is not None:
                     ready()  # the training stream waits for this batch's copy to the GPU
@@ -219,126 +216,17 @@ class Reader:
             self._next_epoch = epoch + 1
         finally:
             counters.stop(prefetcher)
-            prefetcher.close()
-            if self._active is prefetcher:
-                self._active = None
+            if finished and self.options.across_epochs and self._active is prefetcher:
+                self._ahead = (epoch + 1, 0)  # its producer is already on the next epoch
+            else:
+                prefetcher.close()
+                if self._active is prefetcher:
+                    self._active = None
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         """The next epoch (the first is 0, or the one a loaded state names)."""
         epoch = self._resume[0] if self._resume is not None else self._next_epoch
         return self.epoch(epoch)
-
-    def _open_store(self) -> Store:
-        if self._store is None or self._store_pid != os.getpid():
-            self._store = Store(self.path, images=self.options.images, labels=self.options.labels)
-            self._store_pid = os.getpid()
-        return self._store
-
-    def _produce(
-        self, epoch: int, skip_batches: int, stop: threading.Event
-    ) -> Iterator[tuple[Batch, Callable[[], None] | None]]:
-        """Runs in the prefetch thread: read, gather, hand batches to the decode pool."""
-        opts = self.options
-        store = self._open_store()
-        finish = partial(
-            finish_batch,
-            store=store,
-            decode=opts.decode,
-            mode=opts.mode or self.manifest.storage.mode,
-            verify=opts.verify and self.manifest.storage.checksums,
-            on_error=opts.on_error,
-            transform=opts.transform,
-            collate=opts.collate,
-            stop=stop,
-        )
-        mover = _gpu_mover(opts)
-        workers = opts.workers or default_workers()
-        # Decoded batches are split among the threads, so even the first batch of an epoch,
-        # which nothing can prefetch, is ready in 1/workers of the time. Raw batches of one
-        # shape need no decoding, and a user's collate wants the whole batch: not split.
-        split = workers if opts.collate is None and self.manifest.storage.shape is None else 1
-        # Raw pixels of one shape with no checksum, transform or collate to run are finished
-        # once gathered: the pool would only add two thread hops per batch.
-        ready = (
-            self.manifest.storage.payload == "raw"
-            and self.manifest.storage.shape is not None
-            and not finish.keywords["verify"]
-            and opts.transform is None
-            and opts.collate is None
-        )
-        with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
-            pending: deque[list[Future[Batch]]] = deque()
-            try:
-                for window in self._gathered(store, epoch, skip_batches * opts.batch_size):
-                    if ready:
-                        yield mover(finish(window))
-                        continue
-                    pending.append(
-                        [pool.submit(finish, part) for part in split_window(window, split)]
-                    )
-                    while len(pending) > workers:
-                        yield mover(merge_batches([f.result() for f in pending.popleft()]))
-                while pending:
-                    yield mover(merge_batches([f.result() for f in pending.popleft()]))
-            finally:
-                for parts in pending:
-                    for future in parts:
-                        future.cancel()
-
-    def _planned_windows(self, epoch: int) -> Iterator[tuple[list[plan.Span], np.ndarray]]:
-        """This reader's share of ``epoch`` as shuffle windows: (spans, order of their records)."""
-        rank, world, worker, workers = self._parts()
-        stream = (self.options.seed, epoch, rank, world, worker, workers)
-        for index, spans in enumerate(plan.windows(self._spans(epoch), self.options.buffer_chunks)):
-            size = sum(len(s) for s in spans)
-            shuffled = self.options.shuffle
-            yield spans, plan.window_order(size, stream, index) if shuffled else np.arange(size)
-
-    def record_order(self, epoch: int) -> np.ndarray:
-        """Global indices of the records this reader yields in ``epoch``, in order; no I/O."""
-        starts = self.manifest.shard_starts()
-        parts = [np.zeros(0, np.int64)]
-        for spans, order in self._planned_windows(epoch):
-            ranges = [np.arange(starts[s.shard] + s.start, starts[s.shard] + s.stop) for s in spans]
-            parts.append(np.concatenate(ranges)[order])
-        return np.concatenate(parts)
-
-    def _gathered(self, store: Store, epoch: int, skip: int) -> Iterator[Window]:
-        """Batches of records in the epoch's order, not yet verified or decoded."""
-        opts = self.options
-        fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
-        carry: list[Window] = []
-        carried = 0
-        rows: np.ndarray | None = None
-        window: Window | None = None
-        for spans, order in self._planned_windows(epoch):
-            size = len(order)
-            if skip >= size:  # resuming: whole windows before the resume point are not read
-                skip -= size
-                continue
-            # Batches are gathered copies, so the last window's array is free to reuse; and
-            # dropping the window before reading the next keeps one window alive, not two.
-            reuse = (
-                window.data if window is not None and isinstance(window.data, np.ndarray) else None
-            )
-            window = None
-            window = read_window(store, spans, fixed, reuse)
-            order = order[skip:]
-            skip = 0
-            start = 0
-            while start < len(order):
-                take = min(opts.batch_size - carried, len(order) - start)
-                if fixed and rows is None:  # pixels of one shape: one batch array, filled in parts
-                    rows = np.empty((opts.batch_size, *fixed), np.uint8)
-                into = rows[carried : carried + take] if rows is not None else None
-                carry.append(gather(window, order[start : start + take], into))
-                carried += take
-                start += take
-                if carried == opts.batch_size:
-                    yield concat(carry, rows)
-                    carry, carried, rows = [], 0, None
-        if carry and not opts.drop_last:
-            yield concat(carry, None if rows is None else rows[:carried])
 
     # -- resume, stats, lifetime ------------------------------------------------------
 
@@ -362,15 +250,14 @@ class Reader:
         return self._counters.snapshot(self._active)
 
     def _stop_active(self) -> None:
+        self._ahead = None
         if self._active is not None:
             self._active.close()
             self._active = None
 
     def close(self) -> None:
         self._stop_active()
-        if self._store is not None and self._store_pid == os.getpid():
-            self._store.close()
-        self._store = None
+        self._producer.close()
 
     def __enter__(self) -> Reader:
         return self
@@ -398,14 +285,15 @@ class Reader:
 
 
 class _Counters:
-    """images/s, MB/s and the share of wall time the training loop spent waiting."""
+    """images/s, MB/s and the share of wall time the training loop spent waiting, for one
+    epoch (its prefetcher may have served the epoch before: its figures are differences)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefetcher: Prefetcher[Any] | None) -> None:
         self.batches = self.images = self.nbytes = self.skipped = 0
         self.started = time.perf_counter()
         self.stopped = 0.0
-        self.wait_s = 0.0
-        self.queue_fill = 0.0
+        self.wait_s = self.queue_fill = 0.0
+        self._base = prefetcher.stats() if prefetcher is not None else None
 
     def add(self, batch: Batch) -> None:
         self.batches += 1
@@ -413,17 +301,24 @@ class _Counters:
         self.skipped += batch.skipped
         self.nbytes += batch.nbytes
 
+    def _read(self, prefetcher: Prefetcher[Any]) -> None:
+        now, base = prefetcher.stats(), self._base or {"wait_s": 0.0, "waits": 0, "fills": 0}
+        waits = now["waits"] - base["waits"]
+        self.wait_s = now["wait_s"] - base["wait_s"]
+        self.queue_fill = (now["fills"] - base["fills"]) / waits if waits else 0.0
+
     def stop(self, prefetcher: Prefetcher[Any]) -> None:
         self.stopped = time.perf_counter()
-        figures = prefetcher.stats()
-        self.wait_s, self.queue_fill = figures["wait_s"], figures["queue_fill"]
+        self._read(prefetcher)
 
     def snapshot(self, active: Prefetcher[Any] | None) -> dict[str, float]:
-        end = time.perf_counter() if active is not None or not self.stopped else self.stopped
-        if active is not None:
-            figures = active.stats()
-            self.wait_s, self.queue_fill = figures["wait_s"], figures["queue_fill"]
-        elapsed = max(end - self.started, 1e-9) if self.started else 0.0
+        if self.stopped:
+            end = self.stopped
+        else:
+            end = time.perf_counter()
+            if active is not None:
+                self._read(active)
+        elapsed = max(end - self.started, 1e-9) if self._base is not None else 0.0
         return {
             "batches": self.batches,
             "images": self.images,
@@ -435,14 +330,6 @@ class _Counters:
             "wait_share": round(self.wait_s / elapsed, 3) if elapsed else 0.0,
             "queue_fill": round(self.queue_fill, 2),
         }
-
-
-def _gpu_mover(opts: ReaderOptions) -> Callable[[Batch], tuple[Batch, Callable[[], None] | None]]:
-    if opts.output != "torch":
-        return lambda batch: (batch, None)
-    from packer.torch_adapter import BatchMover
-
-    return BatchMover(opts.pin_memory, opts.device)
 
 
 def rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:

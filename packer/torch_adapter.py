@@ -112,7 +112,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         info = get_worker_info()
-        options = self.options
+        # One epoch per reader here: nothing would use batches prefetched for the next.
+        options = replace(self.options, across_epochs=False)
         if info is not None:
             # Each DataLoader worker is a process of its own: one decode thread each by default.
             options = replace(

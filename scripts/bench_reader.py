@@ -61,9 +61,8 @@ import numpy as np
 from PIL import Image
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
-from packer.manifest import MANIFEST_NAME
+from packer.manifest import FORMAT_VERSION, MANIFEST_NAME
 from packer.options import default_workers, parse_hw
-from packer.store.lmdb_store import META_KEY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
@@ -150,7 +149,12 @@ def packed(data: Folder, out: Path, options: PackOptions) -> Path:
         print(f"packing {len(data.files)} images into {out} ...", file=sys.stderr)
         pack(data.root, out, replace(options, overwrite=True))
 
-    params = {"data": data.params, "files": len(data.files), "options": options.to_json()}
+    params = {
+        "data": data.params,
+        "files": len(data.files),
+        "options": options.to_json(),
+        "format_version": FORMAT_VERSION,  # a store of an older layout is packed again
+    }
     cached(stamp, params, make)
     return out
 
@@ -178,7 +182,8 @@ def lmdb_walk(store: Path, epochs: int) -> dict[str, float]:
     for shard in read_manifest(store).shards * epochs:
         env = lmdb.open(str(store / shard.file), subdir=False, readonly=True, lock=False)
         with env, env.begin() as txn:  # buffers=False: py-lmdb copies each value into bytes
-            images += sum(key != META_KEY for key, _value in txn.cursor())
+            # Record keys are digits; __columns__... and __packer__ hold metadata.
+            images += sum(key.isdigit() for key, _value in txn.cursor())
     return {"images": images}
 
 
@@ -189,6 +194,55 @@ def h5_slices(store: Path, chunk: int, epochs: int) -> dict[str, float]:
         with h5py.File(store / shard.file, "r", locking=False) as f:
             data = f["images"]
             images += sum(len(data[a : a + chunk]) for a in range(0, len(data), chunk))
+    return {"images": images}
+
+
+def kept_reads(store: Path, chunk: int, buffer: int, epochs: int, shuffle: bool) -> dict[str, float]:
+    """The floors under a shuffling reader: the limit's reads, but each chunk copied into a
+    window of ``buffer`` chunks that stays in memory (a shuffle buffer), and with
+    ``shuffle`` every full window's records copied out again in a random order, 256 to a
+    new batch array. No checks, no threads, no per-record metadata."""
+    rng, images = np.random.default_rng(SEED), 0
+    shape = read_manifest(store).storage.shape
+    window = np.empty((buffer * chunk, *shape), np.uint8)
+    row_bytes = window[0].nbytes
+
+    def empty(rows: int) -> None:
+        nonlocal images
+        images += rows
+        if shuffle:
+            order = rng.permutation(rows)
+            for a in range(0, rows, BATCH):
+                part = order[a : a + BATCH]
+                batch = np.empty((len(part), *shape), np.uint8)
+                np.take(window, part, axis=0, out=batch, mode="clip")
+
+    for shard in read_manifest(store).shards * epochs:
+        rows, path = 0, store / shard.file
+        if path.suffix == ".lmdb":
+            env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+            with env, env.begin(buffers=True) as txn:
+                cursor = txn.cursor()
+                cursor.first()
+                for value in cursor.iternext(keys=False):
+                    if len(value) != row_bytes:  # the column groups and __packer__, at the end
+                        break
+                    window.reshape(-1).data[rows * row_bytes : (rows + 1) * row_bytes] = value
+                    rows += 1
+                    if rows == len(window):
+                        empty(rows)
+                        rows = 0
+        else:
+            with h5py.File(path, "r", locking=False, rdcc_nbytes=0) as f:
+                data = f["images"]
+                for a in range(0, len(data), chunk):
+                    n = min(chunk, len(data) - a)
+                    if rows + n > len(window):
+                        empty(rows)
+                        rows = 0
+                    data.read_direct(window, np.s_[a : a + n], np.s_[rows : rows + n])
+                    rows += n
+        empty(rows)
     return {"images": images}
 
 
@@ -287,10 +341,16 @@ def plan(
         limit = f"limit raw {b}" + (f" (slices of {chunk})" if b == "hdf5" else " (cursor walk)")
         walk = partial(lmdb_walk, store) if b == "lmdb" else partial(h5_slices, store, chunk)
         runs[limit] = partial(walk, epochs)
+        buffer = open_reader(store, batch_size=BATCH).options.buffer_chunks
+        kept, shuffled = f"floor raw {b}: reads kept in a window", f"floor raw {b}: + gathers"
+        runs[kept] = partial(kept_reads, store, chunk, buffer, epochs, shuffle=False)
+        runs[shuffled] = partial(kept_reads, store, chunk, buffer, epochs, shuffle=True)
         for verify in (True, False):
             name = f"reader raw {b} verify={verify}"
             runs[name] = partial(read, store, epochs, verify=verify)
             compares.append(Compare(name, [limit], READ_TARGET))
+        compares += [Compare(floor, [limit], None) for floor in (kept, shuffled)]
+        compares.append(Compare(f"reader raw {b} verify=False", [shuffled], None))
     with open_store(stores["original lmdb"]) as opened:
         payloads = [bytes(record.data) for record in opened.records()]
     runs["limit decode (all cores)"] = partial(decode_limit, payloads, default_workers())

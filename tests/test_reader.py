@@ -217,11 +217,23 @@ def test_bit_flip_is_named_or_skipped(tmp_path: Path, backend: str) -> None:
         assert len(paths) == 29 and bad_path not in paths and r.stats()["skipped"] == 1
 
 
-@pytest.mark.parametrize("how", ["break", "exception", "close", "gc", "complete"])
+@pytest.mark.parametrize(
+    "how", ["break", "exception", "close", "gc", "done-close", "done-gc", "done-one-epoch"]
+)
 def test_every_shutdown_path_stops_the_threads(stores: dict[str, Path], how: str) -> None:
+    """ "done-": after a whole epoch, the producer goes on with the next (across_epochs)
+    until the reader is closed or collected; with across_epochs=False it just ends."""
     assert _no_packer_threads()
-    reader = open_reader(stores["hdf5"], batch_size=4, prefetch=2)
-    if how == "break":
+    one_epoch = how == "done-one-epoch"
+    reader = open_reader(stores["hdf5"], batch_size=4, prefetch=2, across_epochs=not one_epoch)
+    if how.startswith("done"):
+        assert sum(1 for _ in reader) == 30
+        if how == "done-close":
+            reader.close()
+        elif how == "done-gc":
+            del reader
+            gc.collect()
+    elif how == "break":
         for _ in reader:
             break
     elif how == "exception":
@@ -237,8 +249,34 @@ def test_every_shutdown_path_stops_the_threads(stores: dict[str, Path], how: str
         next(it)
         del it, reader
         gc.collect()
-    else:
-        assert sum(1 for _ in reader) == 30
+    assert _no_packer_threads()
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "raw"])
+def test_epochs_prefetched_ahead_are_the_epochs_a_new_reader_gives(
+    stores: dict[str, Path], kind: str
+) -> None:
+    """The producer runs on into the next epoch; what it made ahead is that epoch exactly,
+    and anything but the next epoch (a repeat, a skip, a resume) starts afresh."""
+    options: dict[str, Any] = {"batch_size": 7, "with_paths": True, "chunk_size": 5, "seed": 3}
+    with open_reader(stores[kind], **options) as fresh:
+        expected = {e: _paths(fresh, e) for e in (0, 1, 2, 5)}
+    with open_reader(stores[kind], **options) as r:
+        assert _paths(r, 0) == expected[0]
+        queue = r._active._shared.queue if r._active is not None else None
+        deadline = time.monotonic() + 5
+        while queue is not None and not queue.qsize() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert queue is not None and queue.qsize() > 0  # epoch 1, made without being asked
+        assert _paths(r, 1) == expected[1]
+        assert r.stats()["images"] == 120 and r.stats()["batches"] == 18
+        assert _paths(r, 1) == expected[1]  # a repeat
+        assert _paths(r, 5) == expected[5]  # a skip
+        r.load_state_dict({"epoch": 2, "batch": 3, "seed": 3})
+        assert _paths(r, 2) == expected[2][21:]  # a resume
+        expected[3] = _paths(r, 3)
+    with open_reader(stores[kind], **options) as fresh:
+        assert _paths(fresh, 3) == expected[3]
     assert _no_packer_threads()
 
 

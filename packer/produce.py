@@ -1,0 +1,209 @@
+"""The prefetch thread's work: an epoch's batches, from the plan to finished batches.
+
+    epoch plan (pure) -> read_window -> gather -> finish_batch (threads) -> [to torch / GPU]
+
+A Producer holds what producing needs (options, manifest, the store's handles) and nothing
+of the Reader that owns it: the thread references only the Producer, so a Reader dropped
+without close() is still collected, and its finalizer stops the thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from packer import epoch as plan
+from packer.access import Store
+from packer.batching import (
+    Batch,
+    Window,
+    concat,
+    finish_batch,
+    gather,
+    merge_batches,
+    read_window,
+    split_window,
+)
+from packer.manifest import Manifest
+from packer.options import default_workers
+
+if TYPE_CHECKING:
+    from packer.reader import ReaderOptions
+
+__all__ = ["Producer", "EPOCH_END"]
+
+EPOCH_END = object()  # what a producer sends between one epoch's batches and the next's
+
+
+class Producer:
+    """Makes the batches of one reader's share of each epoch (its rank's, its worker's)."""
+
+    def __init__(
+        self,
+        path: Path,
+        options: ReaderOptions,
+        manifest: Manifest,
+        parts: tuple[int, int, int, int],
+        chunk_size: int,
+    ) -> None:
+        self.path, self.options, self.manifest = path, options, manifest
+        self.parts = parts  # rank, world size, worker, workers
+        self._chunks = plan.chunk_spans([s.num_records for s in manifest.shards], chunk_size)
+        self._store: Store | None = None
+        self._store_pid = -1
+
+    def spans(self, epoch: int) -> list[plan.Span]:
+        rank, world, worker, workers = self.parts
+        order = (
+            plan.shuffled_chunks(self._chunks, self.options.seed, epoch)
+            if self.options.shuffle
+            else self._chunks
+        )
+        mine = plan.take_share(order, rank, world, self.options.remainder)
+        return plan.take_share(mine, worker, workers, "uneven")
+
+    def epochs(
+        self, epoch: int, skip_batches: int, stop: threading.Event
+    ) -> Iterator[Any]:
+        """Runs in the prefetch thread: ``epoch``'s batches, a marker at its end, then (with
+        across_epochs) the next epoch's, until the reader stops it."""
+        while True:
+            yield from self._produce(epoch, skip_batches, stop)
+            yield EPOCH_END
+            if not self.options.across_epochs:
+                return
+            epoch, skip_batches = epoch + 1, 0
+
+    def _produce(
+        self, epoch: int, skip_batches: int, stop: threading.Event
+    ) -> Iterator[tuple[Batch, Callable[[], None] | None]]:
+        """Runs in the prefetch thread: read, gather, hand batches to the decode pool."""
+        opts = self.options
+        store = self._open_store()
+        finish = partial(
+            finish_batch,
+            store=store,
+            decode=opts.decode,
+            mode=opts.mode or self.manifest.storage.mode,
+            verify=opts.verify and self.manifest.storage.checksums,
+            on_error=opts.on_error,
+            transform=opts.transform,
+            collate=opts.collate,
+            stop=stop,
+        )
+        mover = _gpu_mover(opts)
+        workers = opts.workers or default_workers()
+        # Decoded batches are split among the threads, so even the first batch of an epoch,
+        # which nothing can prefetch, is ready in 1/workers of the time. Raw batches of one
+        # shape need no decoding, and a user's collate wants the whole batch: not split.
+        split = workers if opts.collate is None and self.manifest.storage.shape is None else 1
+        # Raw pixels of one shape with no checksum, transform or collate to run are finished
+        # once gathered: the pool would only add two thread hops per batch.
+        ready = (
+            self.manifest.storage.payload == "raw"
+            and self.manifest.storage.shape is not None
+            and not finish.keywords["verify"]
+            and opts.transform is None
+            and opts.collate is None
+        )
+        with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
+            pending: deque[list[Future[Batch]]] = deque()
+            try:
+                for window in self._gathered(store, epoch, skip_batches * opts.batch_size):
+                    if ready:
+                        yield mover(finish(window))
+                        continue
+                    pending.append(
+                        [pool.submit(finish, part) for part in split_window(window, split)]
+                    )
+                    while len(pending) > workers:
+                        yield mover(merge_batches([f.result() for f in pending.popleft()]))
+                while pending:
+                    yield mover(merge_batches([f.result() for f in pending.popleft()]))
+            finally:
+                for parts in pending:
+                    for future in parts:
+                        future.cancel()
+
+    def planned_windows(self, epoch: int) -> Iterator[tuple[list[plan.Span], np.ndarray]]:
+        """This reader's share of ``epoch`` as shuffle windows: (spans, order of their records)."""
+        rank, world, worker, workers = self.parts
+        stream = (self.options.seed, epoch, rank, world, worker, workers)
+        for index, spans in enumerate(plan.windows(self.spans(epoch), self.options.buffer_chunks)):
+            size = sum(len(s) for s in spans)
+            shuffled = self.options.shuffle
+            yield spans, plan.window_order(size, stream, index) if shuffled else np.arange(size)
+
+    def record_order(self, epoch: int) -> np.ndarray:
+        """Global indices of the records this reader yields in ``epoch``, in order; no I/O."""
+        starts = self.manifest.shard_starts()
+        parts = [np.zeros(0, np.int64)]
+        for spans, order in self.planned_windows(epoch):
+            ranges = [np.arange(starts[s.shard] + s.start, starts[s.shard] + s.stop) for s in spans]
+            parts.append(np.concatenate(ranges)[order])
+        return np.concatenate(parts)
+
+    def _gathered(self, store: Store, epoch: int, skip: int) -> Iterator[Window]:
+        """Batches of records in the epoch's order, not yet verified or decoded."""
+        opts = self.options
+        fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
+        carry: list[Window] = []
+        carried = 0
+        rows: np.ndarray | None = None
+        window: Window | None = None
+        for spans, order in self.planned_windows(epoch):
+            size = len(order)
+            if skip >= size:  # resuming: whole windows before the resume point are not read
+                skip -= size
+                continue
+            # Batches are gathered copies, so the last window's array is free to reuse; and
+            # dropping the window before reading the next keeps one window alive, not two.
+            reuse = (
+                window.data if window is not None and isinstance(window.data, np.ndarray) else None
+            )
+            window = None
+            window = read_window(store, spans, fixed, reuse)
+            order = order[skip:]
+            skip = 0
+            start = 0
+            while start < len(order):
+                take = min(opts.batch_size - carried, len(order) - start)
+                if fixed and rows is None:  # pixels of one shape: one batch array, filled in parts
+                    rows = np.empty((opts.batch_size, *fixed), np.uint8)
+                into = rows[carried : carried + take] if rows is not None else None
+                carry.append(gather(window, order[start : start + take], into))
+                carried += take
+                start += take
+                if carried == opts.batch_size:
+                    yield concat(carry, rows)
+                    carry, carried, rows = [], 0, None
+        if carry and not opts.drop_last:
+            yield concat(carry, None if rows is None else rows[:carried])
+
+    def _open_store(self) -> Store:
+        if self._store is None or self._store_pid != os.getpid():
+            self._store = Store(self.path, images=self.options.images, labels=self.options.labels)
+            self._store_pid = os.getpid()
+        return self._store
+
+    def close(self) -> None:
+        """Close the store's handles, if this process opened them (never a parent's)."""
+        if self._store is not None and self._store_pid == os.getpid():
+            self._store.close()
+        self._store = None
+
+
+def _gpu_mover(opts: ReaderOptions) -> Callable[[Batch], tuple[Batch, Callable[[], None] | None]]:
+    if opts.output != "torch":
+        return lambda batch: (batch, None)
+    from packer.torch_adapter import BatchMover
+
+    return BatchMover(opts.pin_memory, opts.device)
