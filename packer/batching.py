@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,8 @@ class Window:
     formats: list[str]
     shards: np.ndarray  # shard number of each record, for error messages
     indices: np.ndarray  # global record index of each record
+    # Raw pixels checked as they were read: True where the CRC-32 matched. None: unchecked.
+    intact: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -68,12 +71,14 @@ def read_window(
     spans: Sequence[Span],
     fixed_shape: Sequence[int] | None,
     reuse: np.ndarray | None = None,
+    checker: Executor | None = None,
 ) -> Window:
     """Read ``spans`` (one sequential read each) into one Window.
 
     For raw pixels of one shape the records land in one (n, h, w, c) array: ``reuse`` (the
     previous window's array, once nothing refers to it) saves allocating and faulting in a
-    new one per window.
+    new one per window. With a ``checker`` pool, their CRC-32s are checked there while the
+    next span is read (zlib releases the GIL), into the window's ``intact``.
     """
     total = sum(len(s) for s in spans)
     out = None
@@ -81,13 +86,15 @@ def read_window(
         fits = reuse is not None and len(reuse) >= total
         out = reuse[:total] if fits else np.empty((total, *fixed_shape), np.uint8)  # type: ignore[index]
     starts = store.manifest.shard_starts()
-    blocks, row = [], 0
+    blocks, row, checks = [], 0, []
     for span in spans:
         target = out[row : row + len(span)] if out is not None else None
         try:
             blocks.append(store.shard(span.shard).read_block(span.start, span.stop, out=target))
         except DAMAGE as e:
             raise store.unreadable(span.shard, span.start, span.stop, e, target) from e
+        if checker is not None and target is not None:
+            checks.append(checker.submit(_crc_matches, target, blocks[-1].crc32))
         row += len(span)
     data = out if out is not None else [payload for block in blocks for payload in block.data]
     return Window(
@@ -105,7 +112,12 @@ def read_window(
         )
         if spans
         else np.zeros(0, int),
+        intact=np.concatenate([c.result() for c in checks]) if checks else None,
     )
+
+
+def _crc_matches(rows: np.ndarray, crc32: np.ndarray) -> np.ndarray:
+    return np.fromiter((checksum(r) for r in rows), np.uint32, len(rows)) == crc32
 
 
 def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:
@@ -130,6 +142,7 @@ def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> 
         formats=[window.formats[i] for i in order],
         shards=window.shards[order],
         indices=window.indices[order],
+        intact=None if window.intact is None else window.intact[order],
     )
 
 
@@ -152,6 +165,9 @@ def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:
         formats=[x for p in parts for x in p.formats],
         shards=np.concatenate([p.shards for p in parts]),
         indices=np.concatenate([p.indices for p in parts]),
+        intact=None
+        if any(p.intact is None for p in parts)
+        else np.concatenate([p.intact for p in parts]),
     )
 
 
@@ -198,10 +214,16 @@ def finish_batch(
     """
     if isinstance(window.data, np.ndarray) and transform is None and collate is None:
         # Raw pixels of one shape: the batch is already one array. Only the checksums are
-        # per record, and a damaged record sends the batch down the general path below.
-        intact = not verify or all(
-            checksum(row) == crc for row, crc in zip(window.data, window.crc32.tolist())
-        )
+        # per record (usually checked as read), and a damaged record sends the batch down
+        # the general path below.
+        if not verify:
+            intact = True
+        elif window.intact is not None:
+            intact = bool(window.intact.all())
+        else:
+            intact = all(
+                checksum(row) == crc for row, crc in zip(window.data, window.crc32.tolist())
+            )
         if intact:
             labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
             return Batch(window.data, labels, window.paths, 0, window.data.nbytes)

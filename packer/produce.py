@@ -13,7 +13,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,9 +70,7 @@ class Producer:
         mine = plan.take_share(order, rank, world, self.options.remainder)
         return plan.take_share(mine, worker, workers, "uneven")
 
-    def epochs(
-        self, epoch: int, skip_batches: int, stop: threading.Event
-    ) -> Iterator[Any]:
+    def epochs(self, epoch: int, skip_batches: int, stop: threading.Event) -> Iterator[Any]:
         """Runs in the prefetch thread: ``epoch``'s batches, a marker at its end, then (with
         across_epochs) the next epoch's, until the reader stops it."""
         while True:
@@ -105,19 +103,17 @@ class Producer:
         # which nothing can prefetch, is ready in 1/workers of the time. Raw batches of one
         # shape need no decoding, and a user's collate wants the whole batch: not split.
         split = workers if opts.collate is None and self.manifest.storage.shape is None else 1
-        # Raw pixels of one shape with no checksum, transform or collate to run are finished
-        # once gathered: the pool would only add two thread hops per batch.
-        ready = (
-            self.manifest.storage.payload == "raw"
-            and self.manifest.storage.shape is not None
-            and not finish.keywords["verify"]
-            and opts.transform is None
-            and opts.collate is None
-        )
+        # Raw pixels of one shape are checked as they are read (in the pool); with no
+        # transform or collate to run they are finished once gathered: the pool would only
+        # add two thread hops per batch.
+        raw = self.manifest.storage.payload == "raw" and self.manifest.storage.shape is not None
+        ready = raw and opts.transform is None and opts.collate is None
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
             pending: deque[list[Future[Batch]]] = deque()
             try:
-                for window in self._gathered(store, epoch, skip_batches * opts.batch_size):
+                checker = pool if raw and finish.keywords["verify"] else None
+                skip = skip_batches * opts.batch_size
+                for window in self._gathered(store, epoch, skip, checker):
                     if ready:
                         yield mover(finish(window))
                         continue
@@ -151,8 +147,11 @@ class Producer:
             parts.append(np.concatenate(ranges)[order])
         return np.concatenate(parts)
 
-    def _gathered(self, store: Store, epoch: int, skip: int) -> Iterator[Window]:
-        """Batches of records in the epoch's order, not yet verified or decoded."""
+    def _gathered(
+        self, store: Store, epoch: int, skip: int, checker: Executor | None
+    ) -> Iterator[Window]:
+        """Batches of records in the epoch's order, not yet decoded (raw pixels of one shape
+        checked in ``checker`` as they are read, see read_window)."""
         opts = self.options
         fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
         carry: list[Window] = []
@@ -170,7 +169,7 @@ class Producer:
                 window.data if window is not None and isinstance(window.data, np.ndarray) else None
             )
             window = None
-            window = read_window(store, spans, fixed, reuse)
+            window = read_window(store, spans, fixed, reuse, checker)
             order = order[skip:]
             skip = 0
             start = 0

@@ -200,13 +200,16 @@ def _flip_a_payload_byte(store: Path) -> str:
     return record.path
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["encoded", "raw-8x8"])
 @pytest.mark.parametrize("backend", ["lmdb", "hdf5"])
-def test_bit_flip_is_named_or_skipped(tmp_path: Path, backend: str) -> None:
+def test_bit_flip_is_named_or_skipped(tmp_path: Path, backend: str, raw: bool) -> None:
+    """Raw pixels of one shape are checked as they are read, the rest as batches finish."""
     root = tmp_path / "imgs"
     for i in range(30):
         write_image(root / "a" / f"{i}.png", size=(20, 20), seed=i)
     out = store_path(tmp_path, backend)
-    pack(root, out, PackOptions(backend=backend, seed=0, workers=2))
+    shape = {"raw": True, "size": (8, 8)} if raw else {}
+    pack(root, out, PackOptions(backend=backend, seed=0, workers=2, **shape))
     bad_path = _flip_a_payload_byte(out)
     with open_reader(out, batch_size=30) as r, pytest.raises(CorruptRecordError) as info:
         list(r)
