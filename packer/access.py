@@ -286,9 +286,11 @@ def _damage(record: Record, raw: bool) -> str | None:
     return None
 
 
-def record_pixels(record: Record, mode: str = "RGB") -> np.ndarray:
-    """A record's image as height x width x channels uint8, upright."""
+def record_pixels(record: Record, mode: str = "RGB", writable: bool = True) -> np.ndarray:
+    """A record's image as height x width x channels uint8, upright; ``writable=False`` where
+    the caller copies it anyway (a view of the payload or of Pillow's bytes: no copy)."""
     if record.format == "raw":
-        return np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape).copy()
+        pixels = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
+        return pixels.copy() if writable else pixels
     im, _ = imaging.decode(bytes(record.data), mode)
-    return imaging.to_array(im)
+    return imaging.to_array(im, writable)

@@ -180,18 +180,22 @@ def split_window(window: Window, parts: int) -> list[Window]:
     return [gather(window, np.arange(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def merge_batches(parts: list[Batch]) -> Batch:
-    """The finished pieces of one batch, back in one Batch (images stacked when they agree)."""
+def merge_batches(parts: list[Batch], stack: bool = True) -> Batch:
+    """The finished pieces of one batch, back in one Batch; with ``stack`` (no user collate),
+    lists of images become one array when their shapes agree: one copy for the whole batch."""
     if len(parts) == 1:
-        return parts[0]
-    images = [image for part in parts for image in part.images]
-    return Batch(
-        _stack(images),
-        np.concatenate([part.labels for part in parts]),
-        [path for part in parts for path in part.paths],
-        sum(part.skipped for part in parts),
-        sum(part.nbytes for part in parts),
-    )
+        batch = parts[0]
+    else:
+        batch = Batch(
+            [image for part in parts for image in part.images],
+            np.concatenate([part.labels for part in parts]),
+            [path for part in parts for path in part.paths],
+            sum(part.skipped for part in parts),
+            sum(part.nbytes for part in parts),
+        )
+    if stack and isinstance(batch.images, list):
+        batch.images = _stack(batch.images)
+    return batch
 
 
 def finish_batch(
@@ -229,11 +233,14 @@ def finish_batch(
             return Batch(window.data, labels, window.paths, 0, window.data.nbytes)
     images: list[Any] = []
     keep: list[int] = []
+    # What the user's code gets must be writable; images bound for merge_batches' stack are
+    # copied there anyway, so they are not copied here too.
+    writable = transform is not None or collate is not None
     for i in range(len(window)):
         if stop is not None and stop.is_set():
             raise Stopped("the epoch was stopped")
         try:
-            image = _one_image(window, i, decode, mode, verify)
+            image = _one_image(window, i, decode, mode, verify, writable)
         except Exception as e:  # name the record it concerns, whatever went wrong
             reason = (
                 str(e) if isinstance(e, _Damaged) else f"does not decode: {type(e).__name__}: {e}"
@@ -268,7 +275,7 @@ def finish_batch(
     elif isinstance(window.data, np.ndarray) and transform is None and len(keep) == len(window):
         stacked = window.data  # already one (n, h, w, c) array: no copy
     else:
-        stacked = _stack(images)
+        stacked = images  # stacked by merge_batches, once for the whole batch
     nbytes = (
         window.data.nbytes
         if isinstance(window.data, np.ndarray)
@@ -277,7 +284,9 @@ def finish_batch(
     return Batch(stacked, labels, [window.paths[i] for i in keep], len(window) - len(keep), nbytes)
 
 
-def _one_image(window: Window, i: int, decode: bool, mode: str, verify: bool) -> Any:
+def _one_image(
+    window: Window, i: int, decode: bool, mode: str, verify: bool, writable: bool
+) -> Any:
     payload = window.data[i]
     if verify and checksum(payload) != int(window.crc32[i]):
         raise _Damaged("checksum mismatch (the stored bytes are damaged)")
@@ -285,9 +294,8 @@ def _one_image(window: Window, i: int, decode: bool, mode: str, verify: bool) ->
         image: Any = payload
     elif decode or window.formats[i] == "raw":
         h, w, c = (int(v) for v in window.shapes[i])
-        image = record_pixels(
-            Record(payload, (), window.paths[i], 0, (h, w, c), window.formats[i]), mode
-        )
+        record = Record(payload, (), window.paths[i], 0, (h, w, c), window.formats[i])
+        image = record_pixels(record, mode, writable)
     else:
         image = bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
     return image
@@ -302,9 +310,12 @@ class _Damaged(Exception):
 
 
 def _stack(images: list[Any]) -> np.ndarray | list[Any]:
-    """One array when every image is an array of one shape, else the list as it is."""
+    """One array when every image is an array of one shape, else the list, every array in it
+    writable (a transform may write in place)."""
     if images and all(isinstance(im, np.ndarray) for im in images):
         first = images[0].shape
         if all(im.shape == first for im in images):
             return np.stack(images)
-    return images
+    return [
+        im.copy() if isinstance(im, np.ndarray) and not im.flags.writeable else im for im in images
+    ]

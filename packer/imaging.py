@@ -257,9 +257,10 @@ def encode(im: Image.Image, fmt: str, quality: int = 90) -> bytes:
     return out.getvalue()
 
 
-def to_array(im: Image.Image) -> np.ndarray:
-    """Height x width x channels uint8 (grey images get one channel), writable."""
+def to_array(im: Image.Image, writable: bool = True) -> np.ndarray:
+    """Height x width x channels uint8 (grey images get one channel), writable unless the
+    caller copies it anyway (``writable=False`` saves a copy of every pixel)."""
     array = np.asarray(im, dtype=np.uint8)
-    if not array.flags.writeable:  # a view of Pillow's bytes; transforms may write in place
+    if writable and not array.flags.writeable:  # a view of Pillow's bytes; transforms may write
         array = array.copy()
     return array[:, :, None] if array.ndim == 2 else array

@@ -113,17 +113,18 @@ class Producer:
             try:
                 checker = pool if raw and finish.keywords["verify"] else None
                 skip = skip_batches * opts.batch_size
+                merge = partial(merge_batches, stack=opts.collate is None)
                 for window in self._gathered(store, epoch, skip, checker):
                     if ready:
-                        yield mover(finish(window))
+                        yield mover(merge([finish(window)]))
                         continue
                     pending.append(
                         [pool.submit(finish, part) for part in split_window(window, split)]
                     )
                     while len(pending) > workers:
-                        yield mover(merge_batches([f.result() for f in pending.popleft()]))
+                        yield mover(merge([f.result() for f in pending.popleft()]))
                 while pending:
-                    yield mover(merge_batches([f.result() for f in pending.popleft()]))
+                    yield mover(merge([f.result() for f in pending.popleft()]))
             finally:
                 for parts in pending:
                     for future in parts:

@@ -376,3 +376,23 @@ def test_batches_split_among_decode_threads_are_the_same_batches(stores: dict[st
     for (_, labels_a, images_a), (_, labels_b, images_b) in zip(one, three, strict=True):
         assert np.array_equal(labels_a, labels_b)
         assert all(np.array_equal(a, b) for a, b in zip(images_a, images_b, strict=True))
+
+
+def test_batch_images_are_writable_arrays_stacked_once(
+    tmp_path: Path, stores: dict[str, Path]
+) -> None:
+    """Decoded images reach the batch without a copy of their own, yet what the training
+    loop gets is writable: one stacked array when shapes agree, else writable arrays."""
+    root = tmp_path / "imgs"
+    for i in range(20):
+        write_image(root / "a" / f"{i}.jpg", size=(30 + i, 20), seed=i)
+    sized = tmp_path / "sized.lmdb"
+    pack(root, sized, PackOptions(seed=0, size=(8, 8), workers=2))
+    with open_reader(sized, batch_size=16, workers=2) as r:
+        images, _ = next(iter(r))
+    assert isinstance(images, np.ndarray) and images.shape == (16, 8, 8, 3)
+    assert images.flags.writeable and images.flags.owndata
+    with open_reader(stores["lmdb"], batch_size=16, workers=2) as r:
+        images, _ = next(iter(r))
+    assert isinstance(images, list) and len(images) == 16
+    assert all(im.flags.writeable for im in images)
