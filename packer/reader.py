@@ -30,9 +30,7 @@ import numpy as np
 
 from packer import epoch as plan
 from packer.access import open_manifest
-from packer.batching import (
-    Batch,
-)
+from packer.batching import Batch
 from packer.errors import StoreError, UsageError
 from packer.prefetch import Prefetcher
 from packer.produce import EPOCH_END, Producer
