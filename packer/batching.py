@@ -22,6 +22,7 @@ from packer.access import DAMAGE, Store, record_pixels
 from packer.epoch import Span
 from packer.errors import CorruptRecordError
 from packer.record import Record, checksum
+from packer.store import FORK_GATE
 
 __all__ = [
     "Window",
@@ -90,7 +91,8 @@ def read_window(
     for span in spans:
         target = out[row : row + len(span)] if out is not None else None
         try:
-            blocks.append(store.shard(span.shard).read_block(span.start, span.stop, out=target))
+            with FORK_GATE:
+                blocks.append(store.shard(span.shard).read_block(span.start, span.stop, target))
         except DAMAGE as e:
             raise store.unreadable(span.shard, span.start, span.stop, e, target) from e
         if checker is not None and target is not None:

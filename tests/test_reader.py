@@ -396,3 +396,42 @@ def test_batch_images_are_writable_arrays_stacked_once(
         images, _ = next(iter(r))
     assert isinstance(images, list) and len(images) == 16
     assert all(im.flags.writeable for im in images)
+
+
+def _read_a_batch(path: str) -> None:
+    with open_reader(path, batch_size=4, workers=1) as reader:
+        next(iter(reader))
+
+
+def test_children_forked_while_readers_prefetch_can_read(stores: dict[str, Path]) -> None:
+    """A fork while a reader's thread is inside LMDB or HDF5 would hand the child a lock held
+    by a thread it does not have; packer.store.FORK_GATE makes the fork wait for the read."""
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    stop = threading.Event()
+
+    def keep_reading(path: Path) -> None:
+        with open_reader(path, batch_size=4, prefetch=1, chunk_size=2) as reader:
+            while not stop.is_set():
+                for _ in reader:
+                    if stop.is_set():
+                        break
+
+    busy = [threading.Thread(target=keep_reading, args=(stores[k],)) for k in ("lmdb", "raw")]
+    for thread in busy:
+        thread.start()
+    try:
+        for i in range(40):
+            child = fork.Process(target=_read_a_batch, args=(str(stores[("hdf5", "lmdb")[i % 2]]),))
+            child.start()
+            child.join(30)
+            hung = child.is_alive()
+            if hung:
+                child.kill()
+            assert not hung and child.exitcode == 0, f"child {i} hung or failed"
+    finally:
+        stop.set()
+        for thread in busy:
+            thread.join(30)
+    assert _no_packer_threads()
