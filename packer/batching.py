@@ -21,8 +21,8 @@ import numpy as np
 from packer.access import DAMAGE, Store, record_pixels
 from packer.epoch import Span
 from packer.errors import CorruptRecordError
+from packer.fork_gate import FORK_GATE
 from packer.record import Record, checksum
-from packer.store import FORK_GATE
 
 __all__ = [
     "Window",

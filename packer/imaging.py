@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
+from packer.fork_gate import FORK_GATE
+
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "MODES",
@@ -36,6 +38,7 @@ __all__ = [
     "resized_size",
     "encode",
     "to_array",
+    "load_plugins",
 ]
 
 DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485  # Pillow's own warning threshold
@@ -65,6 +68,15 @@ def _formats() -> tuple[tuple[str, ...], tuple[str, ...]]:
     Image.init()
     allowed = tuple(f for f in Image.OPEN if f not in _BLOCKED_FORMATS)
     return tuple(f for f in ("JPEG", "PNG", "WEBP") if f in allowed), allowed
+
+
+def load_plugins() -> None:
+    """Import every Pillow plugin now, in this thread. Pillow imports them on first use, and
+    an import under way in another thread when the process forks leaves the child a module
+    lock that no thread of it will ever release: its first decode would hang. A fork waits
+    for the imports (FORK_GATE)."""
+    with FORK_GATE:
+        _formats()
 
 
 def _open(source: Source, max_pixels: int) -> Image.Image:

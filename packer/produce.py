@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer import epoch as plan
+from packer import imaging
 from packer.access import Store
 from packer.batching import (
     Batch,
@@ -59,6 +60,10 @@ class Producer:
         self._chunks = plan.chunk_spans([s.num_records for s in manifest.shards], chunk_size)
         self._store: Store | None = None
         self._store_pid = -1
+        # Whatever the threads will import, imported here: see imaging.load_plugins.
+        imaging.load_plugins()
+        if options.output == "torch":
+            import packer.torch_adapter  # noqa: F401
 
     def spans(self, epoch: int) -> list[plan.Span]:
         rank, world, worker, workers = self.parts

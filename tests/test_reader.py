@@ -405,7 +405,9 @@ def _read_a_batch(path: str) -> None:
 
 def test_children_forked_while_readers_prefetch_can_read(stores: dict[str, Path]) -> None:
     """A fork while a reader's thread is inside LMDB or HDF5 would hand the child a lock held
-    by a thread it does not have; packer.store.FORK_GATE makes the fork wait for the read."""
+    by a thread it does not have; packer.fork_gate.FORK_GATE makes the fork wait for the read.
+    A deadlock would hang the parent inside fork itself, so a watchdog ends the run instead."""
+    import faulthandler
     import multiprocessing
 
     fork = multiprocessing.get_context("fork")
@@ -421,6 +423,7 @@ def test_children_forked_while_readers_prefetch_can_read(stores: dict[str, Path]
     busy = [threading.Thread(target=keep_reading, args=(stores[k],)) for k in ("lmdb", "raw")]
     for thread in busy:
         thread.start()
+    faulthandler.dump_traceback_later(300, exit=True)  # prints every thread's stack, then exits
     try:
         for i in range(40):
             child = fork.Process(target=_read_a_batch, args=(str(stores[("hdf5", "lmdb")[i % 2]]),))
@@ -431,6 +434,7 @@ def test_children_forked_while_readers_prefetch_can_read(stores: dict[str, Path]
                 child.kill()
             assert not hung and child.exitcode == 0, f"child {i} hung or failed"
     finally:
+        faulthandler.cancel_dump_traceback_later()
         stop.set()
         for thread in busy:
             thread.join(30)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import errno
-import os
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +12,6 @@ from packer.store.hdf5_store import Hdf5ShardReader, Hdf5ShardWriter
 from packer.store.lmdb_store import LmdbShardReader, LmdbShardWriter
 
 __all__ = [
-    "FORK_GATE",
     "BACKENDS",
     "SUFFIXES",
     "ShardMeta",
@@ -34,19 +31,6 @@ _READERS: dict[str, Callable[[Path], ShardReader]] = {
 BACKENDS = tuple(_WRITERS)
 SUFFIXES = {"lmdb": ".lmdb", "hdf5": ".h5"}
 _BACKEND_OF_SUFFIX = {".lmdb": "lmdb", ".mdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5"}
-
-
-# A fork while another thread is inside LMDB or HDF5 hands the child locks held by a thread
-# it does not have (h5py's global lock, the LMDB handle table's): the child hangs on its first
-# read. A reader's thread holds this gate for each shard open and read; a fork waits for it,
-# so DataLoader workers and other children may be forked while readers prefetch.
-FORK_GATE = threading.RLock()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=FORK_GATE.acquire,
-        after_in_parent=FORK_GATE.release,
-        after_in_child=FORK_GATE._at_fork_reinit,  # type: ignore[attr-defined]
-    )
 
 
 def backend_for_path(path: Path | str) -> str | None:
