@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeEr
 from packer.ledger import Ledger, PackIdentity, ShardResult
 from packer.manifest import Manifest
 from packer.options import PackOptions
+from packer.prefetch import Prefetcher
 from packer.prepare import Prepared, Rejected, init_worker, prepare_files
 from packer.record import Record
 from packer.scan import Skipped
@@ -309,11 +310,19 @@ def _write_here(
     the worker pool prepares for all of them."""
     items = [item for job in jobs for item in job.items]
     pool = _start_pool(context.options)
-    prepared = _prepared_in_order(
-        pool, [str(context.root / item.path) for item in items], context.options
-    )
+    paths = [str(context.root / item.path) for item in items]
     original = context.options.payload == "original"
-    records = _read_ahead(context.root, items, prepared, original)
+    # One thread takes the pool's results, reads and checksums the source bytes, and keeps
+    # up to _AHEAD_BYTES of records ready, while this one writes. It, not the writer, keeps
+    # the pool's window of tasks full, so workers never wait for a commit or a fsync.
+    ahead: Prefetcher[list[Record | Skipped]] = Prefetcher(
+        lambda: _read_ahead(
+            context.root, items, _prepared_in_order(pool, paths, context.options), original
+        ),
+        depth=_AHEAD_BYTES // _PIECE_BYTES,
+        name="packer-read",
+    )
+    records = (record for piece in ahead for record in piece)
     try:
         # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
         with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
@@ -324,7 +333,7 @@ def _write_here(
             for job, future in finishing:
                 yield job.index, future.result()
     finally:
-        records.close()  # stops the read-ahead thread on an error
+        ahead.close()  # stops and joins the read-ahead thread on an error
         pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -334,24 +343,31 @@ def _finish(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
     return result
 
 
+_AHEAD_BYTES = 64 << 20  # records read ahead of the writer, at most (plus one piece)
+_PIECE_BYTES = 4 << 20  # records are handed over in pieces of at most this (or one record)
+
+
 def _read_ahead(
-    root: Path, items: list[SourceItem], results: Iterator[Prepared | Rejected], original: bool
-) -> Generator[Record | Skipped, None, None]:
-    """Records in order. A thread reads and checksums the source bytes (both release the
-    GIL) for up to 64 MB ahead, so that work overlaps the writer's in this thread."""
-    ahead_bytes = 64 << 20
-    with ThreadPoolExecutor(1, thread_name_prefix="packer-read") as reader:
-        pending: deque[tuple[int, Future[Record | Skipped]]] = deque()
-        queued = 0
-        for item, result in zip(items, results):
-            pending.append((item.size, reader.submit(to_record, root, item, result, original)))
-            queued += item.size
-            while pending and (queued > ahead_bytes or len(pending) > 1024):
-                size, future = pending.popleft()
-                queued -= size
-                yield future.result()
-        for _, future in pending:
-            yield future.result()
+    root: Path,
+    items: list[SourceItem],
+    tasks: Iterator[list[Prepared | Rejected]],
+    original: bool,
+) -> Iterator[list[Record | Skipped]]:
+    """The records of ``items`` in order, in pieces of at most one pool task and _PIECE_BYTES
+    (or a single record), so that the writer gets each piece as soon as it is read; runs in
+    the read-ahead thread (reads and zlib release the GIL)."""
+    done = 0
+    for results in tasks:
+        piece: list[Record | Skipped] = []
+        nbytes = 0
+        for item, result in zip(items[done : done + len(results)], results):
+            if piece and nbytes + item.size > _PIECE_BYTES:
+                yield piece
+                piece, nbytes = [], 0
+            piece.append(to_record(root, item, result, original))
+            nbytes += item.size
+        done += len(results)
+        yield piece
 
 
 def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
@@ -379,10 +395,14 @@ def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
 
 def _prepared_in_order(
     pool: ProcessPoolExecutor, paths: list[str], options: PackOptions
-) -> Iterator[Prepared | Rejected]:
-    """Results for ``paths`` in order, from the pool, through a bounded window of tasks."""
+) -> Iterator[list[Prepared | Rejected]]:
+    """Results for ``paths`` in order, one list per task, from the pool, through a bounded
+    window of tasks."""
     workers = options.num_workers
-    task_size = max(1, min(32, len(paths) // (workers * 8)))
+    # A header probe takes ~35 us, a decode milliseconds: probes go in bigger tasks, so that
+    # pool round trips do not outweigh them; decodes in small ones, which balance the workers.
+    cap = 128 if options.check == "header" and options.payload == "original" else 32
+    task_size = max(1, min(cap, len(paths) // (workers * 8)))
     window = workers * 4
     pending: deque[tuple[list[str], Future[list[Prepared | Rejected]]]] = deque()
     try:
@@ -390,9 +410,9 @@ def _prepared_in_order(
             batch = paths[start : start + task_size]
             pending.append((batch, pool.submit(prepare_files, batch)))
             if len(pending) >= window:
-                yield from _result(*pending.popleft())
+                yield _result(*pending.popleft())
         while pending:
-            yield from _result(*pending.popleft())
+            yield _result(*pending.popleft())
     finally:
         for _, future in pending:
             future.cancel()

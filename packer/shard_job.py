@@ -6,6 +6,8 @@ pool or are prepared inside a Dask task, so both ways write byte-identical shard
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,7 @@ def write_shard(
     expected = sum(estimated_bytes(item, options) for item in job.items)
     writer = open_shard_writer(options.backend, path, meta, expected)
     result = ShardResult(ShardInfo(job.path.name, 0, 0, "", 0), RecordStats(len(context.columns)))
+    writeback = _Writeback(path)
     try:
         for item in job.items:
             record = next(records)
@@ -72,18 +75,79 @@ def write_shard(
                 result.skipped.append(record)
             else:
                 writer.append(record)
+                writeback.wrote(len(record.data))
                 result.info.num_records += 1
                 result.info.payload_bytes += len(record.data)
                 result.source_bytes += item.size
                 result.stats.add(len(record.data), record.shape, record.format, record.labels)
                 result.add_shape(record.shape)
             step()
+        writeback.close()
         writer.close()
     except BaseException:
+        writeback.close(check=False)
         writer.abort()
         path.unlink(missing_ok=True)  # a half shard is no use to a resume, and frees the space
         raise
     return result
+
+
+class _Writeback:
+    """Has the kernel write a shard's pages to disk while the shard is being written, so
+    that the fsync in the writer's ``close`` finds little left to do. Without it that fsync
+    waited for the whole shard (~0.1 s per 200 MB here) at the end of a pack, with the
+    worker pool idle. Durability does not rest on this: ``close`` still syncs everything.
+
+    After each ``every`` bytes written, a thread calls fdatasync on its own descriptor of
+    the file (the call releases the GIL); a request made while one runs is merged into the
+    next. A shard smaller than ``every`` never starts the thread.
+    """
+
+    def __init__(self, path: Path, every: int = 32 << 20) -> None:
+        self._path = path
+        self._every = every
+        self._unsynced = 0
+        self._wake = threading.Event()
+        self._stopping = False
+        self._error: OSError | None = None
+        self._thread: threading.Thread | None = None
+
+    def wrote(self, nbytes: int) -> None:
+        self._unsynced += nbytes
+        if self._unsynced < self._every:
+            return
+        self._unsynced = 0
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="packer-writeback", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+        fd = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                if fd is None:
+                    fd = os.open(self._path, os.O_RDONLY)
+                sync(fd)
+        except OSError as e:  # the writer's own fsync would meet it too; close raises it
+            self._error = e
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def close(self, check: bool = True) -> None:
+        """Stop the thread; raise the error a sync met, if any (unless not ``check``)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        if check and self._error is not None:
+            raise self._error
 
 
 def hashed(path: Path, result: ShardResult) -> ShardResult:

@@ -258,3 +258,34 @@ def test_kept_bytes_are_read_once_and_still_checked_against_the_scan(tmp_path: P
     assert to_record(tmp_path, grown, kept, original=True) == Skipped(
         "a.jpg", "file changed while packing"
     )
+
+
+def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(tmp_path: Path) -> None:
+    """write_shard has the kernel flush a shard every 32 MB while writing (the final fsync
+    still makes it durable); here with a 4-byte step, on real files."""
+    from packer.shard_job import _Writeback
+
+    path = tmp_path / "shard"
+    small = _Writeback(path, every=1 << 20)
+    small.wrote(100)
+    small.close()
+    assert small._thread is None  # a small shard starts no thread
+    writeback = _Writeback(path, every=4)
+    with open(path, "wb") as f:
+        for _ in range(3):
+            f.write(b"x" * 8)
+            f.flush()
+            writeback.wrote(8)
+    thread = writeback._thread
+    assert thread is not None
+    writeback.close()
+    assert not thread.is_alive()
+    failing = _Writeback(tmp_path / "gone", every=1)
+    failing.wrote(1)
+    assert failing._thread is not None
+    failing._thread.join(5)  # it meets the missing file and ends (unless close came first)
+    with pytest.raises(FileNotFoundError):
+        failing.close()
+    quiet = _Writeback(tmp_path / "gone", every=1)
+    quiet.wrote(1)
+    quiet.close(check=False)  # on the error path of write_shard: the first error wins
