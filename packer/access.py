@@ -286,11 +286,21 @@ def _damage(record: Record, raw: bool) -> str | None:
     return None
 
 
-def record_pixels(record: Record, mode: str = "RGB", writable: bool = True) -> np.ndarray:
-    """A record's image as height x width x channels uint8, upright; ``writable=False`` where
-    the caller copies it anyway (a view of the payload or of Pillow's bytes: no copy)."""
+def record_pixels(
+    record: Record,
+    mode: str = "RGB",
+    writable: bool = True,
+    size: tuple[int, int] | None = None,
+    fit: str = "crop",
+) -> np.ndarray:
+    """A record's image as height x width x channels uint8, upright, resized to ``size``
+    (height, width) if given; ``writable=False`` where the caller copies it anyway (a view
+    of the payload or of Pillow's bytes: no copy)."""
     if record.format == "raw":
         pixels = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
-        return pixels.copy() if writable else pixels
-    im, _ = imaging.decode(bytes(record.data), mode)
+        if size is None:
+            return pixels.copy() if writable else pixels
+        im = imaging.resize(imaging.from_array(pixels), size=size, fit=fit)
+    else:
+        im = imaging.decode_resized(bytes(record.data), mode, size=size, fit=fit)
     return imaging.to_array(im, writable)

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -209,6 +210,8 @@ def finish_batch(
     verify: bool,
     on_error: str,
     transform: Callable[[np.ndarray], Any] | None,
+    size: tuple[int, int] | None,
+    fit: str,
     collate: Callable[[list[Any]], Any] | None,
     stop: threading.Event | None = None,
 ) -> Batch:
@@ -218,7 +221,8 @@ def finish_batch(
     or with ``on_error="skip"`` is logged, counted and left out of the batch. Once ``stop``
     is set (the epoch was abandoned, or Ctrl-C), the next record raises Stopped instead.
     """
-    if isinstance(window.data, np.ndarray) and transform is None and collate is None:
+    as_stored = transform is None and collate is None and size is None
+    if isinstance(window.data, np.ndarray) and as_stored:
         # Raw pixels of one shape: the batch is already one array. Only the checksums are
         # per record (usually checked as read), and a damaged record sends the batch down
         # the general path below.
@@ -238,11 +242,14 @@ def finish_batch(
     # What the user's code gets must be writable; images bound for merge_batches' stack are
     # copied there anyway, so they are not copied here too.
     writable = transform is not None or collate is not None
+    one_image = partial(
+        _one_image, decode=decode, mode=mode, verify=verify, writable=writable, size=size, fit=fit
+    )
     for i in range(len(window)):
         if stop is not None and stop.is_set():
             raise Stopped("the epoch was stopped")
         try:
-            image = _one_image(window, i, decode, mode, verify, writable)
+            image = one_image(window, i)
         except Exception as e:  # name the record it concerns, whatever went wrong
             reason = (
                 str(e) if isinstance(e, _Damaged) else f"does not decode: {type(e).__name__}: {e}"
@@ -274,7 +281,7 @@ def finish_batch(
         labels = labels[:, 0]
     if collate is not None:
         stacked: np.ndarray | list[Any] = collate(images)
-    elif isinstance(window.data, np.ndarray) and transform is None and len(keep) == len(window):
+    elif isinstance(window.data, np.ndarray) and as_stored and len(keep) == len(window):
         stacked = window.data  # already one (n, h, w, c) array: no copy
     else:
         stacked = images  # stacked by merge_batches, once for the whole batch
@@ -287,20 +294,30 @@ def finish_batch(
 
 
 def _one_image(
-    window: Window, i: int, decode: bool, mode: str, verify: bool, writable: bool
+    window: Window,
+    i: int,
+    *,
+    decode: bool,
+    mode: str,
+    verify: bool,
+    writable: bool,
+    size: tuple[int, int] | None,
+    fit: str,
 ) -> Any:
     payload = window.data[i]
     if verify and checksum(payload) != int(window.crc32[i]):
         raise _Damaged("checksum mismatch (the stored bytes are damaged)")
-    if isinstance(payload, np.ndarray):
-        image: Any = payload
+    if isinstance(payload, np.ndarray):  # raw pixels of the store's one shape
+        if size is None:
+            return payload
+        shape, fmt = payload.shape, "raw"
     elif decode or window.formats[i] == "raw":
-        h, w, c = (int(v) for v in window.shapes[i])
-        record = Record(payload, (), window.paths[i], 0, (h, w, c), window.formats[i])
-        image = record_pixels(record, mode, writable)
+        shape, fmt = window.shapes[i], window.formats[i]
     else:
-        image = bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
-    return image
+        return bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
+    h, w, c = (int(v) for v in shape)
+    record = Record(payload, (), window.paths[i], 0, (h, w, c), fmt)
+    return record_pixels(record, mode, writable, size, fit)
 
 
 class Stopped(Exception):

@@ -36,6 +36,8 @@ __all__ = [
     "normalize_mode",
     "resize",
     "resized_size",
+    "decode_resized",
+    "from_array",
     "encode",
     "to_array",
     "load_plugins",
@@ -173,6 +175,26 @@ def decode(
         raise
     info = ImageInfo(info.format, im.size[1], im.size[0], info.mode, info.has_transparency)
     return normalize_mode(im, mode), info
+
+
+def decode_resized(
+    source: Source,
+    mode: str = "RGB",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_side: int | None = None,
+    size: tuple[int, int] | None = None,
+    fit: str = "crop",
+) -> Image.Image:
+    """``decode`` then ``resize``, a JPEG decoded at the smallest scale that still covers
+    the target (DCT scaling), so large photos cost a fraction of a full decode."""
+    shrink_to = functools.partial(resized_size, max_side=max_side, size=size, fit=fit)
+    im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
+    return resize(im, max_side, size, fit)
+
+
+def from_array(pixels: np.ndarray) -> Image.Image:
+    """The Pillow image of ``to_array``'s height x width x channels uint8 layout."""
+    return Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
 
 
 def output_mode(source_mode: str, has_transparency: bool, policy: str = "RGB") -> str:

@@ -12,7 +12,6 @@ import os
 import signal
 import warnings
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from PIL import Image
@@ -100,11 +99,9 @@ def prepare_file(path: Path, options: PackOptions, keep_bytes: bool = False) -> 
 
 
 def _transform(data: bytes, options: PackOptions) -> Prepared:
-    shrink_to = partial(
-        imaging.resized_size, max_side=options.max_side, size=options.size, fit=options.fit
+    im = imaging.decode_resized(
+        data, options.mode, options.max_pixels, options.max_side, options.size, options.fit
     )
-    im, _ = imaging.decode(data, options.mode, options.max_pixels, shrink_to=shrink_to)
-    im = imaging.resize(im, options.max_side, options.size, options.fit)
     if options.raw:
         pixels = imaging.to_array(im)
         payload = pixels.tobytes()

@@ -99,20 +99,22 @@ class Producer:
             verify=opts.verify and self.manifest.storage.checksums,
             on_error=opts.on_error,
             transform=opts.transform,
+            size=opts.size,
+            fit=opts.fit,
             collate=opts.collate,
             stop=stop,
         )
         mover = _gpu_mover(opts)
         workers = opts.workers or default_workers()
-        # Decoded batches are split among the threads, so even the first batch of an epoch,
-        # which nothing can prefetch, is ready in 1/workers of the time. Raw batches of one
-        # shape need no decoding, and a user's collate wants the whole batch: not split.
-        split = workers if opts.collate is None and self.manifest.storage.shape is None else 1
         # Raw pixels of one shape are checked as they are read (in the pool); with no
-        # transform or collate to run they are finished once gathered: the pool would only
-        # add two thread hops per batch.
+        # transform, resize or collate to run they are finished once gathered: the pool
+        # would only add two thread hops per batch.
         raw = self.manifest.storage.payload == "raw" and self.manifest.storage.shape is not None
-        ready = raw and opts.transform is None and opts.collate is None
+        ready = raw and opts.transform is None and opts.collate is None and opts.size is None
+        # Batches with work per image are split among the threads, so even the first batch
+        # of an epoch, which nothing can prefetch, is ready in 1/workers of the time; a
+        # user's collate wants the whole batch.
+        split = 1 if ready or opts.collate is not None else workers
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
             pending: deque[list[Future[Batch]]] = deque()
             try:

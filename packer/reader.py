@@ -32,6 +32,7 @@ from packer import epoch as plan
 from packer.access import open_manifest
 from packer.batching import Batch
 from packer.errors import StoreError, UsageError
+from packer.options import FITS
 from packer.prefetch import Prefetcher
 from packer.produce import EPOCH_END, Producer
 
@@ -73,6 +74,10 @@ class ReaderOptions:
     on_error: str = "raise"
     verify: bool = True
     mode: str | None = None  # colour mode to decode to; None: the store's own
+    # Resize every image to (height, width) as it is decoded (JPEGs at a reduced scale
+    # first), ``fit`` as for packing: "crop", "pad" or "stretch".
+    size: tuple[int, int] | None = None
+    fit: str = "crop"
     output: str = "numpy"  # or "torch"
     pin_memory: bool = False
     device: str | None = None
@@ -91,12 +96,20 @@ class ReaderOptions:
             "on_error": ("raise", "skip"),
             "output": ("numpy", "torch"),
             "remainder": plan.REMAINDERS,
+            "fit": FITS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise UsageError(
                     f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
                 )
+        if self.size is not None:
+            pair = isinstance(self.size, (tuple, list)) and len(self.size) == 2
+            if not pair or not all(isinstance(v, int) and v > 0 for v in self.size):
+                raise UsageError(f"size must be (height, width) in pixels, not {self.size!r}")
+            if not self.decode:
+                raise UsageError("size needs decode=True: encoded bytes cannot be resized")
+            object.__setattr__(self, "size", tuple(self.size))  # a list would not hash
         if (self.pin_memory or self.device) and self.output != "torch":
             raise UsageError("pin_memory and device need output='torch'")
 

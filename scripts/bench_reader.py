@@ -19,7 +19,8 @@ compares runs made side by side. Reader runs: batch 256, shuffle=True, one epoch
   3. what users have today: the seeds' baseline (Pillow, one file at a time in the main
      thread, batches of 256 as lists); a torch DataLoader (num_workers=2) over a minimal
      map-style dataset that decodes, converts to RGB and resizes to --resize, vs the reader
-     (workers=2) doing the same resize in ``transform=`` (output="torch"). Target >= 1.5x.
+     (workers=2) doing the same resize in ``transform=``, and with its own ``size=`` (JPEGs
+     decoded at a reduced scale first; output="torch" for both). Target >= 1.5x.
      Shown, not judged: a store packed at that size (``size=``, resize at pack time).
   4. overlap: 3 epochs with a simulated step (sleep --step-ms per batch; by default the
      warm-up epoch's time per batch, so compute ~ loading) vs max(loading alone, steps
@@ -84,7 +85,8 @@ NOTES = [
     "starting its worker processes (persistent_workers=False, the default)",
     "1st batch = seconds to the first batch; wait = reader.stats()['wait_share'] (last epoch)",
     "limits read in file order; the reader reads its chunks in a shuffled order",
-    "DataLoader vs 'transform resize': the same work (decode + resize per epoch); 'packed at' "
+    "DataLoader vs 'transform resize': the same work (decode + resize per epoch); 'size=': "
+    "the reader's own resize (bicubic, JPEGs decoded at a reduced scale first); 'packed at': "
     "resized at pack time (shown, not judged)",
 ]
 Run = Callable[[], dict[str, float]]
@@ -364,9 +366,10 @@ def plan(
         runs[f"reader original {b}"] = partial(read, stores[f"original {b}"])
         compares.append(Compare(f"reader original {b}", ["limit decode (all cores)"], READ_TARGET))
     size, (h, w) = args.resize, args.resize
-    rival, mine, sized = (
+    rival, mine, at_read, sized = (
         f"DataLoader workers={WORKERS} resize {h}x{w}",
         f"reader workers={WORKERS} transform resize",
+        f"reader workers={WORKERS} size={h}x{w}",
         f"reader workers={WORKERS} packed at {h}x{w}",
     )
     runs["seeds baseline (Pillow loop)"] = partial(pillow_loop, data)
@@ -375,6 +378,7 @@ def plan(
     runs[mine] = partial(
         read, stores["original lmdb"], transform=partial(resized, size=size), **torch_out
     )
+    runs[at_read] = partial(read, stores["original lmdb"], size=size, fit="stretch", **torch_out)
     runs[sized] = partial(read, stores["sized lmdb"], **torch_out)
     batches = math.ceil(len(data.files) / BATCH)
     steps = f"steps alone ({batches} x {step_s * 1e3:.0f} ms)"
@@ -395,6 +399,7 @@ def plan(
     compares += [
         Compare("reader original lmdb", ["seeds baseline (Pillow loop)"], None),
         Compare(mine, [rival], LOADER_TARGET),
+        Compare(at_read, [rival], LOADER_TARGET),
         Compare(sized, [rival], None),
         overlap,
         replace(overlap, target=None, less_first=True),

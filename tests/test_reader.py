@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import pack_three_ways, store_path, write_image
+from PIL import Image
 
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError, StoreError, UsageError
@@ -137,6 +138,49 @@ def test_raw_fixed_shape_batches_are_one_array(stores: dict[str, Path]) -> None:
             and images.shape == (50, 8, 8, 3)
             and images.dtype == np.uint8
         )
+
+
+@pytest.mark.parametrize("fit", ["crop", "pad", "stretch"])
+def test_size_resizes_as_packing_at_that_size_does(
+    stores: dict[str, Path], tmp_path: Path, fit: str
+) -> None:
+    """Read-time ``size`` gives the pixels a pack with ``--raw --size`` stores (the same
+    reduced-scale JPEG decode and resize), as one N x H x W x C array per batch."""
+    sized = tmp_path / "sized.h5"
+    options = PackOptions(backend="hdf5", raw=True, size=(6, 5), fit=fit, workers=1)
+    pack(stores["lmdb"].parent / "images", sized, options)
+    with open_reader(sized, batch_size=120, with_paths=True, shuffle=False) as r:
+        images, labels, paths = next(iter(r))
+        packed = {p: (im, label) for p, im, label in zip(paths, images, labels, strict=True)}
+    for name in ("lmdb", "hdf5"):
+        with open_reader(stores[name], batch_size=32, size=(6, 5), fit=fit, with_paths=True) as r:
+            seen = 0
+            for images, labels, paths in r.epoch(0):
+                assert isinstance(images, np.ndarray) and images.shape == (len(paths), 6, 5, 3)
+                for image, label, path in zip(images, labels, paths, strict=True):
+                    assert np.array_equal(image, packed[path][0]) and label == packed[path][1]
+                seen += len(paths)
+            assert seen == 120
+
+
+def test_size_resizes_raw_pixels_and_runs_before_the_transform(stores: dict[str, Path]) -> None:
+    with open_store(stores["raw"]) as s:
+        truth = {s.record(i).path: s[i][0] for i in range(len(s))}
+    shapes = []
+    with open_reader(
+        stores["raw"],
+        batch_size=40,
+        size=(4, 6),
+        fit="stretch",
+        with_paths=True,
+        transform=lambda im: (shapes.append(im.shape), im)[1],
+    ) as r:
+        for images, _, paths in r:
+            assert images.shape == (len(paths), 4, 6, 3)
+            for image, path in zip(images, paths, strict=True):
+                expected = Image.fromarray(truth[path]).resize((6, 4), Image.Resampling.BICUBIC)
+                assert np.array_equal(image, np.asarray(expected))
+    assert set(shapes) == {(4, 6, 3)} and len(shapes) == 120
 
 
 def test_transform_decode_false_and_collate(stores: dict[str, Path]) -> None:
@@ -333,6 +377,10 @@ def test_bad_options_are_refused(stores: dict[str, Path]) -> None:
         dict(batch_size=2, rank=2, world_size=2),
         dict(batch_size=2, pin_memory=True),
         dict(batch_size=2, remainder="spread"),
+        dict(batch_size=2, size=224),
+        dict(batch_size=2, size=(0, 5)),
+        dict(batch_size=2, size=(4, 4), fit="squash"),
+        dict(batch_size=2, size=(4, 4), decode=False),
     ]:
         with pytest.raises(UsageError):
             open_reader(stores["lmdb"], **bad)
