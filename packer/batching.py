@@ -123,6 +123,11 @@ def _crc_matches(rows: np.ndarray, crc32: np.ndarray) -> np.ndarray:
     return np.fromiter((checksum(r) for r in rows), np.uint32, len(rows)) == crc32
 
 
+def _intact(window: Window) -> np.ndarray:
+    """Where each raw row of ``window`` matches its CRC-32: checked as read, or now."""
+    return window.intact if window.intact is not None else _crc_matches(window.data, window.crc32)  # type: ignore[arg-type]
+
+
 def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:
     """The records at positions ``order`` of ``window``, as a new Window (one copy per column).
 
@@ -221,22 +226,13 @@ def finish_batch(
     or with ``on_error="skip"`` is logged, counted and left out of the batch. Once ``stop``
     is set (the epoch was abandoned, or Ctrl-C), the next record raises Stopped instead.
     """
+    # Raw pixels of one shape with nothing to do per image: the batch is already one array.
+    # Only the checksums are per record (usually checked as read), and a damaged record
+    # sends the batch down the general path below.
     as_stored = transform is None and collate is None and size is None
-    if isinstance(window.data, np.ndarray) and as_stored:
-        # Raw pixels of one shape: the batch is already one array. Only the checksums are
-        # per record (usually checked as read), and a damaged record sends the batch down
-        # the general path below.
-        if not verify:
-            intact = True
-        elif window.intact is not None:
-            intact = bool(window.intact.all())
-        else:
-            intact = all(
-                checksum(row) == crc for row, crc in zip(window.data, window.crc32.tolist())
-            )
-        if intact:
-            labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
-            return Batch(window.data, labels, window.paths, 0, window.data.nbytes)
+    if isinstance(window.data, np.ndarray) and as_stored and (not verify or _intact(window).all()):
+        labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
+        return Batch(window.data, labels, window.paths, 0, window.data.nbytes)
     images: list[Any] = []
     keep: list[int] = []
     # What the user's code gets must be writable; images bound for merge_batches' stack are
@@ -281,8 +277,6 @@ def finish_batch(
         labels = labels[:, 0]
     if collate is not None:
         stacked: np.ndarray | list[Any] = collate(images)
-    elif isinstance(window.data, np.ndarray) and as_stored and len(keep) == len(window):
-        stacked = window.data  # already one (n, h, w, c) array: no copy
     else:
         stacked = images  # stacked by merge_batches, once for the whole batch
     nbytes = (
@@ -305,7 +299,9 @@ def _one_image(
     fit: str,
 ) -> Any:
     payload = window.data[i]
-    if verify and checksum(payload) != int(window.crc32[i]):
+    if verify and not (
+        window.intact[i] if window.intact is not None else checksum(payload) == window.crc32[i]
+    ):
         raise _Damaged("checksum mismatch (the stored bytes are damaged)")
     if isinstance(payload, np.ndarray):  # raw pixels of the store's one shape
         if size is None:

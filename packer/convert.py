@@ -16,7 +16,7 @@ from packer.errors import (
     CorruptRecordError,
     UsageError,
 )
-from packer.manifest import Manifest, ShardInfo, Storage
+from packer.manifest import Manifest, ShardInfo, Storage, format_version_for
 from packer.options import parse_size
 from packer.record import Record
 from packer.staging import Staging
@@ -101,9 +101,7 @@ def _copy_shards(
 ) -> list[ShardInfo]:
     manifest = store.manifest
     storage = _target_storage(store, backend)
-    raw_shape = (
-        list(storage.shape) if storage.payload == "raw" and storage.shape is not None else None
-    )
+    raw_shape = _raw_shape(storage)
     columns = len(manifest.label_columns)
     source_bytes = [_file_size(store.path / s.file) for s in manifest.shards]
     total, done = manifest.num_records, 0
@@ -207,6 +205,11 @@ class _Sink:
         self.hasher.shutdown(wait=True, cancel_futures=True)
 
 
+def _raw_shape(storage: Storage) -> list[int] | None:
+    """[h, w, c] when every record is raw pixels of that one shape."""
+    return list(storage.shape) if storage.payload == "raw" and storage.shape is not None else None
+
+
 def _converted_manifest(
     store: Store, backend: str, shards: list[ShardInfo], shard_size: int | None
 ) -> Manifest:
@@ -230,6 +233,7 @@ def _converted_manifest(
         num_records=sum(s.num_records for s in shards),
         shards=shards,
         storage=storage,
+        format_version=format_version_for(backend, _raw_shape(storage)),
         label_source=m.label_source,
         label_columns=m.label_columns,
         seed=m.seed,

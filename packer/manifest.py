@@ -23,6 +23,7 @@ from packer.errors import IncompleteStoreError, ManifestError
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "format_version_for",
     "MANIFEST_NAME",
     "ShardInfo",
     "Storage",
@@ -33,8 +34,8 @@ __all__ = [
 ]
 
 FORMAT = "packer-store"
-# 2: raw LMDB shards of one shape use the "columns" layout (packer/store/lmdb_store.py).
-# A format 1 store reads as before.
+# The newest format this packer reads and writes. 2: raw LMDB shards of one shape use the
+# "columns" layout (packer/store/lmdb_store.py); every other store is still written as 1.
 FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 _SHARD_NAME = re.compile(r"^shard-\d{5,}\.(lmdb|h5)$")
@@ -133,6 +134,13 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def format_version_for(backend: str, raw_shape: object) -> int:
+    """The oldest format that reads shards of ``backend`` whose records are raw pixels of one
+    shape (``raw_shape``, or None): what a store is labelled, so older packers read it where
+    they can."""
+    return 2 if backend == "lmdb" and raw_shape is not None else 1
 
 
 def read_manifest(store: Path | str) -> Manifest:

@@ -158,6 +158,9 @@ class Reader:
         self._resume: tuple[int, int] | None = None  # (epoch, batches already delivered)
         self._active: Prefetcher[Any] | None = None
         self._ahead: tuple[int, int] | None = None  # (epoch, skip) _active is producing ahead
+        # _active's next item is the end of an epoch whose batches were all taken (a loop
+        # that stopped after len(reader) batches without asking for more): pass over it.
+        self._stale_end = False
         self._position = (0, 0)  # (epoch, batches delivered in it)
         self._counters = _Counters(None)
 
@@ -196,20 +199,28 @@ class Reader:
                 name="packer-prefetch",
                 stop=stop,
             )
-        self._ahead = None
+        stale_end, self._stale_end, self._ahead = self._stale_end, False, None
         _RUNNING.add(self)
         self._position = (epoch, skip)
         self._counters = _Counters(self._active)  # figures are per epoch
-        return self._consume(self._active, self._counters, epoch, skip)
+        return self._consume(self._active, self._counters, epoch, skip, stale_end)
 
     def _consume(
-        self, prefetcher: Prefetcher[Any], counters: _Counters, epoch: int, delivered: int
+        self,
+        prefetcher: Prefetcher[Any],
+        counters: _Counters,
+        epoch: int,
+        delivered: int,
+        stale_end: bool,
     ) -> Iterator[tuple[Any, ...]]:
         # Its own prefetcher and counters: an abandoned epoch closed late never touches the
         # figures of the epoch that replaced it.
         finished = False
         try:
             for item in prefetcher:
+                if item is EPOCH_END and stale_end:
+                    stale_end = False
+                    continue
                 if item is EPOCH_END:
                     finished = True
                     break
@@ -227,8 +238,12 @@ class Reader:
             self._next_epoch = epoch + 1
         finally:
             counters.stop(prefetcher)
-            if finished and self.options.across_epochs and self._active is prefetcher:
+            taken = not finished and delivered == len(self) > 0  # all but the end marker
+            if taken:
+                self._next_epoch = epoch + 1
+            if (finished or taken) and self.options.across_epochs and self._active is prefetcher:
                 self._ahead = (epoch + 1, 0)  # its producer is already on the next epoch
+                self._stale_end = taken
             else:
                 prefetcher.close()
                 if self._active is prefetcher:
@@ -261,7 +276,7 @@ class Reader:
         return self._counters.snapshot(self._active)
 
     def _stop_active(self) -> None:
-        self._ahead = None
+        self._ahead, self._stale_end = None, False
         if self._active is not None:
             self._active.close()
             self._active = None

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from PIL import Image
-
 from packer import imaging
 from packer.access import Store, record_pixels
 from packer.errors import (
@@ -256,9 +254,7 @@ def _png(record: Record) -> bytes:
     pixels = record_pixels(record)
     if pixels.shape[2] not in (1, 2, 3, 4):
         raise StoreError(f"record {record.path}: {pixels.shape[2]} channels cannot be a PNG")
-    return imaging.encode(
-        Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels), "png"
-    )
+    return imaging.encode(imaging.from_array(pixels), "png")
 
 
 def _write_file(target: Path, data: bytes | memoryview) -> None:

@@ -345,11 +345,11 @@ def plan(
     compares: list[Compare] = []
     for b in ("lmdb", "hdf5"):
         store, epochs = stores[f"raw {b}"], args.raw_epochs
-        chunk = open_reader(store, batch_size=BATCH).chunk_size  # starts no thread
+        with open_reader(store, batch_size=BATCH) as reader:  # starts no thread
+            chunk, buffer = reader.chunk_size, reader.options.buffer_chunks
         limit = f"limit raw {b}" + (f" (slices of {chunk})" if b == "hdf5" else " (cursor walk)")
         walk = partial(lmdb_walk, store) if b == "lmdb" else partial(h5_slices, store, chunk)
         runs[limit] = partial(walk, epochs)
-        buffer = open_reader(store, batch_size=BATCH).options.buffer_chunks
         kept, shuffled = f"floor raw {b}: reads kept in a window", f"floor raw {b}: + gathers"
         runs[kept] = partial(kept_reads, store, chunk, buffer, epochs, shuffle=False)
         runs[shuffled] = partial(kept_reads, store, chunk, buffer, epochs, shuffle=True)

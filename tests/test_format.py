@@ -136,3 +136,22 @@ def test_not_a_store_and_unfinished_store(tmp_path: Path) -> None:
     (tmp_path / "folder" / "manifest.json").write_text("{not json")
     with pytest.raises(ManifestError, match="unreadable manifest"):
         read_manifest(tmp_path / "folder")
+
+
+@pytest.mark.parametrize(
+    ("backend", "extra", "version"),
+    [
+        ("lmdb", {"raw": True, "size": (4, 4)}, 2),  # the "columns" layout
+        ("lmdb", {}, 1),
+        ("hdf5", {"raw": True, "size": (4, 4)}, 1),
+    ],
+)
+def test_a_store_is_labelled_with_the_oldest_format_that_reads_it(
+    image_dir: Path, tmp_path: Path, backend: str, extra: dict[str, object], version: int
+) -> None:
+    """So an older packer still opens every store whose layout it knows."""
+    from packer import PackOptions, pack
+
+    out = tmp_path / ("out.lmdb" if backend == "lmdb" else "out.h5")
+    pack(image_dir, out, PackOptions(backend=backend, workers=1, **extra))  # type: ignore[arg-type]
+    assert read_manifest(out).format_version == version

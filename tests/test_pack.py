@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -260,11 +261,17 @@ def test_kept_bytes_are_read_once_and_still_checked_against_the_scan(tmp_path: P
     )
 
 
-def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(tmp_path: Path) -> None:
+def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """write_shard has the kernel flush a shard every 32 MB while writing (the final fsync
     still makes it durable); here with a 4-byte step, on real files."""
     from packer.shard_job import _Writeback
 
+    synced: list[int] = []
+    real_sync = getattr(os, "fdatasync", os.fsync)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real_sync(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_sync(fd))[1])
     path = tmp_path / "shard"
     small = _Writeback(path, every=1 << 20)
     small.wrote(100)
@@ -278,6 +285,10 @@ def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(tmp_path:
             writeback.wrote(8)
     thread = writeback._thread
     assert thread is not None
+    deadline = time.monotonic() + 5
+    while not synced and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert synced  # the real file was synced, by the thread, while it was being written
     writeback.close()
     assert not thread.is_alive()
     failing = _Writeback(tmp_path / "gone", every=1)
@@ -289,3 +300,4 @@ def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(tmp_path:
     quiet = _Writeback(tmp_path / "gone", every=1)
     quiet.wrote(1)
     quiet.close(check=False)  # on the error path of write_shard: the first error wins
+    assert quiet._thread is not None and not quiet._thread.is_alive()

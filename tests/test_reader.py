@@ -315,7 +315,9 @@ def test_epochs_prefetched_ahead_are_the_epochs_a_new_reader_gives(
         while queue is not None and not queue.qsize() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert queue is not None and queue.qsize() > 0  # epoch 1, made without being asked
+        ahead = r._active
         assert _paths(r, 1) == expected[1]
+        assert r._active is ahead  # that work was used, not redone
         assert r.stats()["images"] == 120 and r.stats()["batches"] == 18
         assert _paths(r, 1) == expected[1]  # a repeat
         assert _paths(r, 5) == expected[5]  # a skip
@@ -324,6 +326,24 @@ def test_epochs_prefetched_ahead_are_the_epochs_a_new_reader_gives(
         expected[3] = _paths(r, 3)
     with open_reader(stores[kind], **options) as fresh:
         assert _paths(fresh, 3) == expected[3]
+    assert _no_packer_threads()
+
+
+def test_a_loop_that_stops_after_len_batches_still_gets_the_next_epoch_prefetched(
+    stores: dict[str, Path],
+) -> None:
+    """zip(range(len(reader)), reader) never asks for the epoch's end: the work done ahead
+    is still the next epoch, and nothing of the epoch before leaks into it."""
+    options: dict[str, Any] = {"batch_size": 32, "with_paths": True, "seed": 4}
+    with open_reader(stores["lmdb"], **options) as fresh:
+        expected = [_paths(fresh, e) for e in range(3)]
+    with open_reader(stores["lmdb"], **options) as r:
+        got = []
+        for _ in range(3):
+            ahead = r._active
+            got.append([p for _, (_, _, paths) in zip(range(len(r)), r) for p in paths])
+            assert ahead is None or r._active is ahead  # one producer for every epoch
+        assert got == expected and r.state_dict() == {"epoch": 3, "batch": 0, "seed": 4}
     assert _no_packer_threads()
 
 

@@ -133,6 +133,21 @@ def test_lmdb_raw_pixels_of_one_shape_are_plain_values(tmp_path: Path) -> None:
     writer.abort()
 
 
+@pytest.mark.parametrize("gone", [0, 7, 19])
+def test_lmdb_columns_name_a_missing_record_wherever_it_is(tmp_path: Path, gone: int) -> None:
+    """The last record too, where the walk runs on into the column groups' values."""
+    path = tmp_path / "shard-00000.lmdb"
+    _write("lmdb", path, _records(20, shape=(2, 3, 3)), ShardMeta(0, 2, raw_shape=[2, 3, 3]))
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"%010d" % gone)
+    env.close()
+    reader = open_shard_reader("lmdb", path)
+    with pytest.raises(ValueError, match=f"record {gone} is missing"):
+        reader.read_block(0, 20)
+    reader.close()
+
+
 def test_lmdb_map_grows_and_replays_without_losing_records(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.lmdb"
     records = _records(300)  # ~750 KB into a 64 KB map: several doublings

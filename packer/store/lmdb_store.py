@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections import OrderedDict
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ _COMMIT_RECORDS = 8192
 # Records per column group in the "columns" layout: the writer holds one group's labels,
 # checksums and paths; a reader decodes one or two groups per chunk.
 GROUP = 4096
+_CACHED_GROUPS = 16  # decoded column groups a shard reader keeps (a few MB at most)
 
 
 def record_key(index: int) -> bytes:
@@ -86,7 +88,9 @@ class LmdbShardWriter:
         self.map_growths = 0
         shape = meta.raw_shape
         self._row_bytes = int(np.prod(shape)) if shape is not None else None  # "columns" layout
-        self._group: list[Record] = []  # records of the column group being filled
+        # (labels, crc32, path) of the column group being filled: not the pixels, which
+        # are already pending in their own values.
+        self._group: list[tuple[tuple[int, ...], int, str]] = []
         # Finished groups wait for close: their keys sort after every record's, and appends
         # must come in key order. About 20 bytes + a path per record.
         self._groups: list[tuple[bytes, bytes]] = []
@@ -101,7 +105,7 @@ class LmdbShardWriter:
                     f"{self.meta.raw_shape} needs {self._row_bytes:,}"
                 )
             value = bytes(record.data)
-            self._group.append(record)
+            self._group.append((tuple(record.labels), record.crc32, record.path))
         self._put(record_key(self._count), value)
         self._count += 1
         if len(self._group) == GROUP:
@@ -115,12 +119,12 @@ class LmdbShardWriter:
 
     def _end_group(self) -> None:
         group, columns = self._group, self.meta.num_label_columns
-        labels = np.array([r.labels for r in group], "<i8").reshape(len(group), columns)
+        labels, crcs, paths = zip(*group, strict=True)
         value = msgpack.packb(
             {
-                "l": labels.tobytes(),
-                "c": np.array([r.crc32 for r in group], "<u4").tobytes(),
-                "p": [r.path for r in group],
+                "l": np.array(labels, "<i8").reshape(len(group), columns).tobytes(),
+                "c": np.array(crcs, "<u4").tobytes(),
+                "p": list(paths),
             }
         )
         self._groups.append((columns_key(self._count - len(group)), value))
@@ -235,6 +239,10 @@ def _refuse_short(env: lmdb.Environment, path: str) -> None:
 
 
 _ENVIRONMENTS = _Environments()
+if hasattr(os, "register_at_fork"):
+    # A release (a close, or a reader collected in any thread) may hold the table's lock at
+    # a fork, outside packer.fork_gate; the child, one thread, starts with it free.
+    os.register_at_fork(after_in_child=_ENVIRONMENTS._lock._at_fork_reinit)  # type: ignore[attr-defined]
 
 
 class LmdbShardReader:
@@ -259,7 +267,8 @@ class LmdbShardReader:
             raise ValueError(
                 f"{path}: not a packer shard (damaged {META_KEY.decode()}: {e or type(e).__name__})"
             ) from e
-        self._cached_group: tuple[int, Block] | None = None  # the last column group decoded
+        # Column groups decoded lately: a point read (store[i]) decodes a whole group.
+        self._cached_groups: OrderedDict[int, Block] = OrderedDict()
 
     def __len__(self) -> int:
         return self._len
@@ -323,6 +332,9 @@ class LmdbShardReader:
             at = 0
             for value in islice(cursor.iternext(keys=False), n):
                 if len(value) != row_bytes:
+                    # A missing record lets the walk run on into the column groups' values:
+                    # name the missing one first.
+                    self._find_missing(txn, start, stop)
                     index = start + at // row_bytes
                     raise ValueError(
                         f"{self.path}: record {index} has {len(value):,} payload bytes, "
@@ -334,6 +346,7 @@ class LmdbShardReader:
             # stop - 1's are those records, unless one is missing (a foreign key in its place).
             if n and (at != n * row_bytes or cursor.key() != record_key(stop - 1)):
                 self._find_missing(txn, start, stop)
+                raise ValueError(f"{self.path}: records {start}..{stop - 1} are not all there")
             groups = range(start // GROUP, -(-stop // GROUP))
             parts = [(self._group(txn, g), g * GROUP) for g in groups]
         cuts = [slice(max(start - first, 0), stop - first) for _, first in parts]
@@ -353,7 +366,8 @@ class LmdbShardReader:
         )
 
     def _find_missing(self, txn: lmdb.Transaction, start: int, stop: int) -> None:
-        """Raise ValueError naming the first of records start..stop-1 whose key is not there."""
+        """Raise ValueError naming the first of records start..stop-1 whose key is not there,
+        if one is not."""
         cursor = txn.cursor()
         cursor.set_key(record_key(start))
         keys = cursor.iternext(values=False)
@@ -363,12 +377,13 @@ class LmdbShardReader:
                 raise ValueError(
                     f"{self.path}: record {expected} is missing (found {bytes(key)!r})"
                 )
-        raise ValueError(f"{self.path}: records {start}..{stop - 1} are not all there")
 
     def _group(self, txn: lmdb.Transaction, number: int) -> Block:
         """Column group ``number``, checked, as a Block without payloads."""
-        if self._cached_group is not None and self._cached_group[0] == number:
-            return self._cached_group[1]
+        cached = self._cached_groups.get(number)
+        if cached is not None:
+            self._cached_groups.move_to_end(number)
+            return cached
         first = number * GROUP
         size, columns = min(GROUP, self._len - first), int(self.meta["num_label_columns"])
         where = f"{self.path}: the columns of records {first}..{first + size - 1}"
@@ -399,7 +414,9 @@ class LmdbShardReader:
             shapes=np.zeros((0, 3), np.int32),
             formats=[],
         )
-        self._cached_group = (number, block)
+        self._cached_groups[number] = block
+        if len(self._cached_groups) > _CACHED_GROUPS:
+            self._cached_groups.popitem(last=False)
         return block
 
     def read_record(self, index: int) -> Record:
