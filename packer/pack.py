@@ -343,7 +343,7 @@ def _finish(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
     return result
 
 
-_AHEAD_BYTES = 64 << 20  # records read ahead of the writer, at most (plus one piece)
+_AHEAD_BYTES = 64 << 20  # records queued ahead of the writer (plus the pieces in hand at each end)
 _PIECE_BYTES = 4 << 20  # records are handed over in pieces of at most this (or one record)
 
 

@@ -310,6 +310,9 @@ class Reader:
         self._resume = state["resume"]
 
 
+_NO_WAITS = {"wait_s": 0.0, "waits": 0, "fills": 0}
+
+
 class _Counters:
     """images/s, MB/s and the share of wall time the training loop spent waiting, for one
     epoch (its prefetcher may have served the epoch before: its figures are differences)."""
@@ -319,7 +322,9 @@ class _Counters:
         self.started = time.perf_counter()
         self.stopped = 0.0
         self.wait_s = self.queue_fill = 0.0
-        self._base = prefetcher.stats() if prefetcher is not None else None
+        self.counting = prefetcher is not None  # False: before the first epoch, all zeros
+        # The prefetcher's running totals when this epoch started.
+        self._base = prefetcher.stats() if prefetcher is not None else _NO_WAITS
 
     def add(self, batch: Batch) -> None:
         self.batches += 1
@@ -328,7 +333,7 @@ class _Counters:
         self.nbytes += batch.nbytes
 
     def _read(self, prefetcher: Prefetcher[Any]) -> None:
-        now, base = prefetcher.stats(), self._base or {"wait_s": 0.0, "waits": 0, "fills": 0}
+        now, base = prefetcher.stats(), self._base
         waits = now["waits"] - base["waits"]
         self.wait_s = now["wait_s"] - base["wait_s"]
         self.queue_fill = (now["fills"] - base["fills"]) / waits if waits else 0.0
@@ -344,7 +349,7 @@ class _Counters:
             end = time.perf_counter()
             if active is not None:
                 self._read(active)
-        elapsed = max(end - self.started, 1e-9) if self._base is not None else 0.0
+        elapsed = max(end - self.started, 1e-9) if self.counting else 0.0
         return {
             "batches": self.batches,
             "images": self.images,

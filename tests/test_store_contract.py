@@ -102,7 +102,8 @@ def test_raw_pixels_of_one_shape_read_back_in_any_block(
     _write(backend, path, records, ShardMeta(0, 2, raw_shape=[2, 3, 3]))
     reader = open_shard_reader(backend, path)
     ends = [(min(n, end - 3), min(n, end + 2)) for end in (GROUP, SPAN)]
-    for start, stop in [(0, n), (n // 2, n), *ends, (n, n)]:
+    after = [(min(n, end), n) for end in (GROUP, SPAN)]  # a group's or span's after the first
+    for start, stop in [(0, n), (n // 2, n), *ends, *after, (n, n)]:
         out = np.empty((stop - start, 2, 3, 3), np.uint8)
         block = reader.read_block(start, stop, out=out)
         assert block.data.shape == out.shape
