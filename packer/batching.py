@@ -125,7 +125,9 @@ def _crc_matches(rows: np.ndarray, crc32: np.ndarray) -> np.ndarray:
 
 def _intact(window: Window) -> np.ndarray:
     """Where each raw row of ``window`` matches its CRC-32: checked as read, or now."""
-    return window.intact if window.intact is not None else _crc_matches(window.data, window.crc32)  # type: ignore[arg-type]
+    if window.intact is not None:
+        return window.intact
+    return _crc_matches(window.data, window.crc32)  # type: ignore[arg-type]
 
 
 def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:
