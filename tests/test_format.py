@@ -152,6 +152,18 @@ def test_a_store_is_labelled_with_the_oldest_format_that_reads_it(
     """So an older packer still opens every store whose layout it knows."""
     from packer import PackOptions, pack
 
+    from packer.convert import convert_store
+
     out = tmp_path / ("out.lmdb" if backend == "lmdb" else "out.h5")
     pack(image_dir, out, PackOptions(backend=backend, workers=1, **extra))  # type: ignore[arg-type]
     assert read_manifest(out).format_version == version
+    other = "hdf5" if backend == "lmdb" else "lmdb"
+    converted = convert_store(out, tmp_path / ("c.h5" if other == "hdf5" else "c.lmdb"))
+    raw_lmdb = other == "lmdb" and "raw" in extra
+    assert converted.format_version == (2 if raw_lmdb else 1)  # the target's layout decides
+    more = tmp_path / "more"
+    (more / "extra").mkdir(parents=True)
+    (more / "extra" / "one.png").write_bytes((next(image_dir.rglob("*.png"))).read_bytes())
+    options = PackOptions(backend=backend, workers=1, append=True, **extra)  # type: ignore[arg-type]
+    pack(more, out, options)
+    assert read_manifest(out).format_version == version  # what every shard needs, still
