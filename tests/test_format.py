@@ -151,7 +151,6 @@ def test_a_store_is_labelled_with_the_oldest_format_that_reads_it(
 ) -> None:
     """So an older packer still opens every store whose layout it knows."""
     from packer import PackOptions, pack
-
     from packer.convert import convert_store
 
     out = tmp_path / ("out.lmdb" if backend == "lmdb" else "out.h5")
