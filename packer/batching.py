@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -24,6 +23,7 @@ from packer.epoch import Span
 from packer.errors import CorruptRecordError
 from packer.fork_gate import FORK_GATE
 from packer.record import Record, checksum
+from packer.row_checks import rows_intact
 
 __all__ = [
     "Window",
@@ -73,14 +73,14 @@ def read_window(
     spans: Sequence[Span],
     fixed_shape: Sequence[int] | None,
     reuse: np.ndarray | None = None,
-    checker: Executor | None = None,
+    verify: bool = False,
 ) -> Window:
     """Read ``spans`` (one sequential read each) into one Window.
 
     For raw pixels of one shape the records land in one (n, h, w, c) array: ``reuse`` (the
     previous window's array, once nothing refers to it) saves allocating and faulting in a
-    new one per window. With a ``checker`` pool, their CRC-32s are checked there while the
-    next span is read (zlib releases the GIL), into the window's ``intact``.
+    new one per window. With ``verify`` their CRC-32s are checked as the window is read, in
+    one zlib pass (see row_checks), into the window's ``intact``.
     """
     total = sum(len(s) for s in spans)
     out = None
@@ -88,7 +88,7 @@ def read_window(
         fits = reuse is not None and len(reuse) >= total
         out = reuse[:total] if fits else np.empty((total, *fixed_shape), np.uint8)  # type: ignore[index]
     starts = store.manifest.shard_starts()
-    blocks, row, checks = [], 0, []
+    blocks, row = [], 0
     for span in spans:
         target = out[row : row + len(span)] if out is not None else None
         try:
@@ -96,15 +96,14 @@ def read_window(
                 blocks.append(store.shard(span.shard).read_block(span.start, span.stop, target))
         except DAMAGE as e:
             raise store.unreadable(span.shard, span.start, span.stop, e, target) from e
-        if checker is not None and target is not None:
-            checks.append(checker.submit(_crc_matches, target, blocks[-1].crc32))
         row += len(span)
     data = out if out is not None else [payload for block in blocks for payload in block.data]
+    crc32 = np.concatenate([b.crc32 for b in blocks]) if blocks else np.zeros(0, np.uint32)
     return Window(
         data=data,
         labels=np.concatenate([b.labels for b in blocks]) if blocks else np.zeros((0, 0), np.int64),
         paths=[p for b in blocks for p in b.paths],
-        crc32=np.concatenate([b.crc32 for b in blocks]) if blocks else np.zeros(0, np.uint32),
+        crc32=crc32,
         shapes=np.concatenate([b.shapes for b in blocks]) if blocks else np.zeros((0, 3), np.int32),
         formats=[f for b in blocks for f in b.formats],
         shards=np.concatenate([np.full(len(s), s.shard) for s in spans])
@@ -115,19 +114,15 @@ def read_window(
         )
         if spans
         else np.zeros(0, int),
-        intact=np.concatenate([c.result() for c in checks]) if checks else None,
+        intact=rows_intact(out, crc32) if verify and out is not None else None,
     )
-
-
-def _crc_matches(rows: np.ndarray, crc32: np.ndarray) -> np.ndarray:
-    return np.fromiter((checksum(r) for r in rows), np.uint32, len(rows)) == crc32
 
 
 def _intact(window: Window) -> np.ndarray:
     """Where each raw row of ``window`` matches its CRC-32: checked as read, or now."""
     if window.intact is not None:
         return window.intact
-    return _crc_matches(window.data, window.crc32)  # type: ignore[arg-type]
+    return rows_intact(window.data, window.crc32)  # type: ignore[arg-type]
 
 
 def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:

@@ -13,7 +13,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,7 +106,7 @@ class Producer:
         )
         mover = _gpu_mover(opts)
         workers = opts.workers or default_workers()
-        # Raw pixels of one shape are checked as they are read (in the pool); with no
+        # Raw pixels of one shape are checked as they are read; with no
         # transform, resize or collate to run they are finished once gathered: the pool
         # would only add two thread hops per batch.
         raw = self.manifest.storage.payload == "raw" and self.manifest.storage.shape is not None
@@ -118,10 +118,10 @@ class Producer:
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
             pending: deque[list[Future[Batch]]] = deque()
             try:
-                checker = pool if raw and finish.keywords["verify"] else None
                 skip = skip_batches * opts.batch_size
                 merge = partial(merge_batches, stack=opts.collate is None)
-                for window in self._gathered(store, epoch, skip, checker):
+                verify = raw and finish.keywords["verify"]
+                for window in self._gathered(store, epoch, skip, verify):
                     if ready:
                         yield mover(merge([finish(window)]))
                         continue
@@ -155,11 +155,9 @@ class Producer:
             parts.append(np.concatenate(ranges)[order])
         return np.concatenate(parts)
 
-    def _gathered(
-        self, store: Store, epoch: int, skip: int, checker: Executor | None
-    ) -> Iterator[Window]:
+    def _gathered(self, store: Store, epoch: int, skip: int, verify: bool) -> Iterator[Window]:
         """Batches of records in the epoch's order, not yet decoded (raw pixels of one shape
-        checked in ``checker`` as they are read, see read_window)."""
+        checked with ``verify`` as they are read, see read_window)."""
         opts = self.options
         fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
         carry: list[Window] = []
@@ -177,7 +175,7 @@ class Producer:
                 window.data if window is not None and isinstance(window.data, np.ndarray) else None
             )
             window = None
-            window = read_window(store, spans, fixed, reuse, checker)
+            window = read_window(store, spans, fixed, reuse, verify)
             order = order[skip:]
             skip = 0
             start = 0

@@ -174,6 +174,7 @@ def test_size_resizes_raw_pixels_and_runs_before_the_transform(stores: dict[str,
         fit="stretch",
         with_paths=True,
         transform=lambda im: (shapes.append(im.shape), im)[1],
+        across_epochs=False,  # no prefetch of the next epoch's batches: exact counts
     ) as r:
         for images, _, paths in r:
             assert images.shape == (len(paths), 4, 6, 3)

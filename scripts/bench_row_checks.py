@@ -1,0 +1,82 @@
+"""Checking raw rows' CRC-32s: one zlib call per row against one pass per block.
+
+    python scripts/bench_row_checks.py [--rows 3000] [--shape 64x64x3] [--json]
+
+Each way runs alone, then beside a busy Python thread (as a reader's producer runs beside
+the training loop and its decode threads): a zlib call per row gives up the GIL once per
+row and must win it back each time, one pass over the block gives it up once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from packer.row_checks import each_row_intact, rows_intact
+
+
+@contextmanager
+def busy_python_thread() -> Iterator[None]:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def rows_per_s(check: Callable[[], np.ndarray], rows: int, budget_s: float = 1.0) -> float:
+    """Best rate of repeated checks within about ``budget_s`` (at least 3 runs)."""
+    best, spent, runs = float("inf"), 0.0, 0
+    while runs < 3 or spent < budget_s:
+        started = time.perf_counter()
+        assert check().all()
+        took = time.perf_counter() - started
+        best, spent, runs = min(best, took), spent + took, runs + 1
+    return rows / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--shape", default="64x64x3", help="one row's HxWxC")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    shape = tuple(int(x) for x in args.shape.split("x"))
+    rows = np.random.default_rng(0).integers(0, 256, (args.rows, *shape), dtype=np.uint8)
+    crc32 = np.array([zlib.crc32(row.tobytes()) for row in rows], np.uint32)
+    ways = {
+        "a zlib call per row": lambda: each_row_intact(rows, crc32),
+        "one pass per block": lambda: rows_intact(rows, crc32),
+    }
+    report: dict[str, dict[str, float]] = {}
+    for name, check in ways.items():
+        alone = rows_per_s(check, args.rows)
+        with busy_python_thread():
+            beside = rows_per_s(check, args.rows)
+        report[name] = {"alone_rows_per_s": alone, "beside_busy_thread_rows_per_s": beside}
+    if args.json:
+        print(json.dumps({"rows": args.rows, "shape": list(shape), "results": report}))
+        return
+    print(f"{args.rows:,} rows of {args.shape} ({rows[0].nbytes:,} bytes), rows/s, best run:")
+    print(f"{'':24} {'alone':>12} {'beside a busy thread':>22}")
+    for name, r in report.items():
+        print(f"{name:24} {r['alone_rows_per_s']:12,.0f} {r['beside_busy_thread_rows_per_s']:22,.0f}")
+
+
+if __name__ == "__main__":
+    main()
