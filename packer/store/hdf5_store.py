@@ -253,7 +253,6 @@ class Hdf5ShardReader:
             self._offsets = None if self._raw else f["offsets"]
             self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
             self._formats, self._path_strings = f["formats"], f["paths"]
-            self._paths = self._path_strings.asstr()
             self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
             self._span: tuple[int, tuple[np.ndarray, ...]] | None = None  # see _small_columns
             _check_columns(self, path.stat().st_size)
@@ -285,7 +284,7 @@ class Hdf5ShardReader:
             payload = memoryview(self._payload[offsets[0] : offsets[-1]])
             bounds = (offsets - offsets[0]).tolist()
             data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        labels, crc32, shapes, codes = self._small_columns(start, stop)
+        labels, crc32, shapes, codes, paths = self._small_columns(start, stop)
         unknown = (codes < 0) | (codes >= len(self._format_names))
         if unknown.any():
             first = int(np.argmax(unknown))
@@ -296,33 +295,26 @@ class Hdf5ShardReader:
         return Block(
             data=data,
             labels=labels,
-            paths=list(self._paths[start:stop]),
+            paths=[p.decode() for p in paths],
             crc32=crc32,
             shapes=shapes,
             formats=[self._format_names[i] for i in codes.tolist()],
         )
 
-    def _small_columns(
-        self, start: int, stop: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Labels, CRC-32s, shapes and format codes of records start..stop-1. They are read
-        SPAN records at a time (~2 MB), where reading them per block cost four HDF5 calls
-        per chunk."""
+    def _small_columns(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        """Labels, CRC-32s, shapes, format codes and paths (UTF-8 bytes) of records
+        start..stop-1. They are read SPAN records at a time (a few MB), where reading them
+        per block cost five HDF5 calls per chunk: for small raw records, more than the
+        pixels."""
+        columns = (self._labels, self._crc32, self._shapes, self._formats, self._path_strings)
         first = start - start % SPAN
         if stop > first + SPAN:  # a block across spans: read as it is
-            return (
-                self._labels[start:stop],
-                self._crc32[start:stop],
-                self._shapes[start:stop],
-                self._formats[start:stop],
-            )
+            return tuple(c[start:stop] for c in columns)
         if self._span is None or self._span[0] != first:
             end = min(first + SPAN, self._len)
-            columns = (self._labels, self._crc32, self._shapes, self._formats)
             self._span = (first, tuple(c[first:end] for c in columns))
         a, b = start - first, stop - first
-        labels, crc32, shapes, formats = self._span[1]
-        return labels[a:b], crc32[a:b], shapes[a:b], formats[a:b]
+        return tuple(c[a:b] for c in self._span[1])
 
     def read_record(self, index: int) -> Record:
         if not 0 <= index < self._len:
