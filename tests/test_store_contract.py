@@ -14,7 +14,7 @@ import tables
 
 from packer.record import Record, checksum, unpack_value
 from packer.store import ShardMeta, open_shard_reader, open_shard_writer, shard_name
-from packer.store.hdf5_store import SPAN
+from packer.store.hdf5_store import PATH_SPAN, SPAN
 from packer.store.lmdb_store import GROUP, LmdbShardWriter
 
 
@@ -91,18 +91,18 @@ def test_hdf5_raw_fixed_shape_is_one_array(tmp_path: Path) -> None:
         assert f["images"].compression == "gzip"
 
 
-@pytest.mark.parametrize("n", [0, 1, GROUP + 5, SPAN + 5])
+@pytest.mark.parametrize("n", [0, 1, GROUP + 5, PATH_SPAN + 5, SPAN + 5])
 def test_raw_pixels_of_one_shape_read_back_in_any_block(
     tmp_path: Path, backend: str, n: int
 ) -> None:
-    """LMDB keeps them in the "columns" layout, HDF5 readers read small columns in spans:
-    blocks across a group's or a span's end included."""
+    """LMDB keeps them in the "columns" layout, HDF5 readers read small columns and paths
+    in spans: blocks across a group's or a span's end included."""
     path = tmp_path / shard_name(backend, 0)
     records = _records(n, shape=(2, 3, 3))
     _write(backend, path, records, ShardMeta(0, 2, raw_shape=[2, 3, 3]))
     reader = open_shard_reader(backend, path)
-    ends = [(min(n, end - 3), min(n, end + 2)) for end in (GROUP, SPAN)]
-    after = [(min(n, end), n) for end in (GROUP, SPAN)]  # a group's or span's after the first
+    ends = [(min(n, end - 3), min(n, end + 2)) for end in (GROUP, PATH_SPAN, SPAN)]
+    after = [(min(n, end), n) for end in (GROUP, PATH_SPAN, SPAN)]  # after the first
     for start, stop in [(0, n), (n // 2, n), *ends, *after, (n, n)]:
         out = np.empty((stop - start, 2, 3, 3), np.uint8)
         block = reader.read_block(start, stop, out=out)

@@ -32,7 +32,7 @@ import numpy as np
 from packer.record import Block, Record
 from packer.store.base import ShardMeta
 
-__all__ = ["Hdf5ShardWriter", "Hdf5ShardReader", "SPAN"]
+__all__ = ["Hdf5ShardWriter", "Hdf5ShardReader", "SPAN", "PATH_SPAN"]
 
 # HDF5 chunk of the payload dataset: 16 MiB reads fastest (2.4x a vlen dataset, and on par
 # with a contiguous one; scripts/bench_hdf5_layout.py), smaller for a small shard, whose last
@@ -183,7 +183,29 @@ def _with_chunk_cache(f: h5py.File, name: str) -> h5py.Dataset:
 # packs at most 1032 bytes into one (lzf fewer). HDF5 reads chunks never written as zeros, so a
 # hostile dataset shape would otherwise ask for terabytes.
 _MAX_RATIO = {None: 1, "gzip": 1032, "lzf": 1032}
-SPAN = 1 << 16  # records whose small columns a reader reads in one go
+# Records whose small columns a reader reads in one go: reading them per block cost five HDF5
+# calls per chunk, more than the pixels of small raw records. Paths take fewer: h5py reads
+# each variable-length string into its own allocation (16 MB of heap for 65,536 paths).
+SPAN = 1 << 16
+PATH_SPAN = 1 << 12
+
+
+class _Spans:
+    """Slices of a few columns, read ``span`` rows at a time and the last span kept."""
+
+    def __init__(self, columns: tuple[h5py.Dataset, ...], span: int) -> None:
+        self._columns, self._span = columns, span
+        self._kept: tuple[int, tuple[np.ndarray, ...]] | None = None
+
+    def read(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        first = start - start % self._span
+        if stop > first + self._span:  # a block across spans: read as it is
+            return tuple(c[start:stop] for c in self._columns)
+        if self._kept is None or self._kept[0] != first:
+            end = first + self._span
+            self._kept = (first, tuple(c[first:end] for c in self._columns))
+        a, b = start - first, stop - first
+        return tuple(c[a:b] for c in self._kept[1])
 
 
 def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
@@ -254,7 +276,10 @@ class Hdf5ShardReader:
             self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
             self._formats, self._path_strings = f["formats"], f["paths"]
             self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
-            self._span: tuple[int, tuple[np.ndarray, ...]] | None = None  # see _small_columns
+            self._small_columns = _Spans(
+                (self._labels, self._crc32, self._shapes, self._formats), SPAN
+            )
+            self._paths = _Spans((self._path_strings,), PATH_SPAN)  # UTF-8 bytes
             _check_columns(self, path.stat().st_size)
         except (KeyError, ValueError, TypeError, OSError) as e:
             f.close()
@@ -284,7 +309,8 @@ class Hdf5ShardReader:
             payload = memoryview(self._payload[offsets[0] : offsets[-1]])
             bounds = (offsets - offsets[0]).tolist()
             data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        labels, crc32, shapes, codes, paths = self._small_columns(start, stop)
+        labels, crc32, shapes, codes = self._small_columns.read(start, stop)
+        (paths,) = self._paths.read(start, stop)
         unknown = (codes < 0) | (codes >= len(self._format_names))
         if unknown.any():
             first = int(np.argmax(unknown))
@@ -300,21 +326,6 @@ class Hdf5ShardReader:
             shapes=shapes,
             formats=[self._format_names[i] for i in codes.tolist()],
         )
-
-    def _small_columns(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
-        """Labels, CRC-32s, shapes, format codes and paths (UTF-8 bytes) of records
-        start..stop-1. They are read SPAN records at a time (a few MB), where reading them
-        per block cost five HDF5 calls per chunk: for small raw records, more than the
-        pixels."""
-        columns = (self._labels, self._crc32, self._shapes, self._formats, self._path_strings)
-        first = start - start % SPAN
-        if stop > first + SPAN:  # a block across spans: read as it is
-            return tuple(c[start:stop] for c in columns)
-        if self._span is None or self._span[0] != first:
-            end = min(first + SPAN, self._len)
-            self._span = (first, tuple(c[first:end] for c in columns))
-        a, b = start - first, stop - first
-        return tuple(c[a:b] for c in self._span[1])
 
     def read_record(self, index: int) -> Record:
         if not 0 <= index < self._len:
