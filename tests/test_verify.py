@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
+import numpy as np
 import pytest
 from conftest import store_path, write_image
 
@@ -21,7 +22,7 @@ from packer.manifest import ShardInfo, read_manifest, write_manifest
 from packer.record import Record, checksum
 from packer.store import ShardMeta, open_shard_reader, open_shard_writer
 from packer.store.lmdb_store import record_key
-from packer.verify import Problem, VerifyReport, verify_store
+from packer.verify import Problem, VerifyReport, _suspects, verify_store
 
 VARIANTS: dict[str, dict[str, object]] = {
     "original": {},
@@ -96,10 +97,11 @@ def test_an_intact_store_has_no_problems(
         assert json.loads(json.dumps(report.to_json()))["ok"] is True
 
 
+@pytest.mark.parametrize("variant", ["original", "raw"])  # raw: checked a block at a time
 def test_a_flipped_payload_bit_names_that_record(
-    stores: Callable[[str, str], Path], backend: str, tmp_path: Path
+    stores: Callable[[str, str], Path], backend: str, tmp_path: Path, variant: str
 ) -> None:
-    store = stores(backend, "original")
+    store = stores(backend, variant)
     rng = random.Random(7)
     cases = 0
     with open_store(store) as s:
@@ -111,7 +113,7 @@ def test_a_flipped_payload_bit_names_that_record(
             at = original.find(payload)
             if at < 0 or original.find(payload, at + 1) >= 0:
                 continue  # split over two HDF5 chunks, or not unique: cannot be located
-            copy = _copy(store, tmp_path / f"case{index}")
+            copy = _copy(store, tmp_path / f"{variant}-case{index}")
             _flip(copy / shard, at + rng.randrange(len(payload)), rng.randrange(8))
             report = verify_store(copy)
             assert _problems(report) == {
@@ -121,6 +123,22 @@ def test_a_flipped_payload_bit_names_that_record(
             assert report.records_checked == 40 and not report.ok
             cases += 1
     assert cases >= 5
+
+
+def test_raw_pixels_in_one_array_are_checked_at_once_and_only_suspects_looked_at(
+    stores: Callable[[str, str], Path], backend: str
+) -> None:
+    store = stores(backend, "raw")
+    shard = open_shard_reader(backend, store / read_manifest(store).shards[0].file)
+    block = shard.read_block(0, len(shard))
+    shard.close()
+    assert isinstance(block.data, np.ndarray) and len(block) > 6
+    assert _suspects(block, "RGB", decode=True) == []
+    block.crc32[3] ^= 1
+    block.shapes[5] = (9, 8, 3)
+    assert _suspects(block, "RGB", decode=True) == [3, 5]
+    assert _suspects(block, "RGB", decode=False) == [3]  # shapes matter only when decoding
+    assert _suspects(block, "L", decode=True) == list(range(len(block)))  # RGB is not L
 
 
 _VERIFY_EACH = """
