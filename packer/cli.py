@@ -252,6 +252,12 @@ def _print_pack_summary(result: PackResult) -> None:
 )
 @click.option("--no-decode", is_flag=True, help="With --verify: checksums only, no image decoding.")
 @click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=0,
+    help="With --verify: threads that decode [default: all cores].",
+)
+@click.option(
     "--grid",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="PNG",
@@ -329,7 +335,7 @@ def inspect_command(
         raise UsageError(f"choose one of --{', --'.join(actions)}")
     action = actions[0] if actions else "summary"
     if action == "verify":
-        _inspect_verify(store, not what["no_decode"], as_json)
+        _inspect_verify(store, not what["no_decode"], what["workers"], as_json)
         return
     if action == "summary":
         summary = describe_store(store, images=images, labels=labels)
@@ -374,11 +380,14 @@ def _look(store: Store, action: str, what: dict[str, Any]) -> Any:
     return look.bench_store(store, batch_size=what["batch_size"])
 
 
-def _inspect_verify(store: Path, decode: bool, as_json: bool) -> None:
+def _inspect_verify(store: Path, decode: bool, workers: int, as_json: bool) -> None:
     line = ProgressLine(enabled=not as_json)
     try:
         report = verify_store(
-            store, decode=decode, progress=lambda done, total: line("verify", done, total)
+            store,
+            decode=decode,
+            progress=lambda done, total: line("verify", done, total),
+            workers=workers or None,
         )
     finally:
         line.finish()

@@ -17,8 +17,10 @@ import logging
 import multiprocessing
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import numpy as np
 
 from packer import imaging
 from packer.manifest import Manifest, ShardInfo, read_manifest
+from packer.options import default_workers
 from packer.record import Block, checksum
 from packer.row_checks import rows_intact
 from packer.store import ShardReader, open_shard_reader
@@ -96,6 +99,7 @@ def verify_store(
     decode: bool = True,
     progress: Callable[[int, int], None] | None = None,
     max_problems: int = 1000,
+    workers: int | None = None,
 ) -> VerifyReport:
     """Check every shard file of a store and read each of its records once, in order.
 
@@ -111,6 +115,8 @@ def verify_store(
             from 0 to ``total`` (the manifest's record count): the records gone through so
             far, checked or given up on with their shard.
         max_problems: list at most this many; one last problem then says how many more.
+        workers: threads that decode (Pillow releases the GIL while it decodes); default
+            all cores.
 
     Returns:
         The report; ``report.ok`` only if nothing at all was found wrong.
@@ -135,6 +141,7 @@ def verify_store(
             progress(done, total)
 
     found = _Findings(max_problems)
+    workers = workers or default_workers()
     checked = 0
     advance(0)
     for info, start in zip(manifest.shards, manifest.shard_starts()):
@@ -143,9 +150,9 @@ def verify_store(
         if intact is None:
             pass  # missing, unreadable, or too short to map safely
         elif intact:
-            checked += _check_records(file, info, start, manifest, decode, found, advance)
+            checked += _check_records(file, info, start, manifest, decode, workers, found, advance)
         else:
-            checked += _check_records_apart(file, info, start, manifest, decode, found)
+            checked += _check_records_apart(file, info, start, manifest, decode, workers, found)
         advance(start + info.num_records)
         log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
     if checked != total:
@@ -181,7 +188,13 @@ def _check_file(file: Path, info: ShardInfo, backend: str, found: _Findings) -> 
 
 
 def _check_records_apart(
-    file: Path, info: ShardInfo, start: int, manifest: Manifest, decode: bool, found: _Findings
+    file: Path,
+    info: ShardInfo,
+    start: int,
+    manifest: Manifest,
+    decode: bool,
+    workers: int,
+    found: _Findings,
 ) -> int:
     """Check a changed shard's records in a child process. One flipped bit in an LMDB page
     header or in HDF5's metadata can crash the reading process (SIGBUS, SIGSEGV, an
@@ -189,7 +202,8 @@ def _check_records_apart(
     context = multiprocessing.get_context("spawn")  # a clean process, no inherited handles
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
-        target=_check_in_child, args=(send, file, info, start, manifest, decode, found.limit)
+        target=_check_in_child,
+        args=(send, file, info, start, manifest, decode, workers, found.limit),
     )
     child.start()
     send.close()
@@ -214,10 +228,17 @@ def _check_records_apart(
 
 
 def _check_in_child(
-    send: Any, file: Path, info: ShardInfo, start: int, manifest: Manifest, decode: bool, limit: int
+    send: Any,
+    file: Path,
+    info: ShardInfo,
+    start: int,
+    manifest: Manifest,
+    decode: bool,
+    workers: int,
+    limit: int,
 ) -> None:
     found = _Findings(limit)
-    checked = _check_records(file, info, start, manifest, decode, found, lambda done: None)
+    checked = _check_records(file, info, start, manifest, decode, workers, found, lambda done: None)
     send.send((checked, [(p.shard, p.index, p.path, p.reason) for p in found.listed]))
 
 
@@ -227,10 +248,12 @@ def _check_records(
     start: int,
     manifest: Manifest,
     decode: bool,
+    workers: int,
     found: _Findings,
     advance: Callable[[int], None],
 ) -> int:
-    """Read and check one shard's records; returns how many were read and checksummed."""
+    """Read and check one shard's records, decoding in ``workers`` threads; returns how many
+    were read and checksummed."""
     try:
         reader: ShardReader = open_shard_reader(manifest.backend, file)
     except Exception as e:  # noqa: BLE001 - any library error on a damaged file is a finding
@@ -238,6 +261,7 @@ def _check_records(
         return 0
     mode = manifest.storage.mode
     checked = 0
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="packer-verify") if decode else None
     try:
         max_pixels = int(manifest.options.get("max_pixels") or imaging.DEFAULT_MAX_PIXELS)
         count = len(reader)
@@ -252,8 +276,12 @@ def _check_records(
             except Exception:  # noqa: BLE001 - find out which records fail, one at a time
                 blocks = _one_by_one(reader, info.file, start, first, last, found)
             for offset, block in blocks:
-                for i in _suspects(block, mode, decode):
-                    problem = _record_problem(block, i, mode, decode, max_pixels)
+                suspects = _suspects(block, mode, decode)
+                look = partial(
+                    _record_problem, block, mode=mode, decode=decode, max_pixels=max_pixels
+                )
+                problems = pool.map(look, suspects) if pool else map(look, suspects)
+                for i, problem in zip(suspects, problems):
                     if problem is not None:
                         found.add(info.file, start + offset + i, block.paths[i], problem)
                 checked += len(block)
@@ -261,6 +289,8 @@ def _check_records(
     except Exception as e:  # noqa: BLE001 - e.g. a shard whose own metadata is garbage
         found.add(info.file, None, None, f"cannot be read: {type(e).__name__}: {e}")
     finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         try:
             reader.close()
         except Exception:  # noqa: BLE001 - closing a damaged file may fail too; nothing to add
@@ -281,7 +311,7 @@ def _one_by_one(
     return blocks
 
 
-def _suspects(block: Block, mode: str, decode: bool) -> Iterable[int]:
+def _suspects(block: Block, mode: str, decode: bool) -> Sequence[int]:
     """The records of ``block`` that _record_problem must look at: all of them, but of raw
     pixels in one array only those that fail a checksum or shape test made for all at once
     (one zlib pass, see row_checks), which a healthy store makes none."""

@@ -209,6 +209,8 @@ def test_inspect_modes(image_dir: Path, tmp_path: Path) -> None:
     run("pack", str(image_dir), str(out), "--seed", "1", "--workers", "2")
     code, text, _ = run("inspect", str(out), "--verify")
     assert code == 0 and text.startswith(f"{out}: OK: 21 records in 1 shard(s) checked")
+    code, text, _ = run("inspect", str(out), "--verify", "--workers", "1", "--json")
+    assert code == 0 and json.loads(text)["records_checked"] == 21
     code, text, _ = run("inspect", str(out), "--head", "2", "--json")
     listed = json.loads(text)
     assert code == 0 and [r["index"] for r in listed] == [0, 1]

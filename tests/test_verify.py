@@ -8,6 +8,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -238,9 +239,11 @@ def _rewrite_shard(store: Path, backend: str, change: Callable[[int, Record], Re
     _reseal(store, 0)
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 def test_a_record_that_does_not_decode_is_named(
-    stores: Callable[[str, str], Path], backend: str, tmp_path: Path
+    stores: Callable[[str, str], Path], backend: str, tmp_path: Path, workers: int
 ) -> None:
+    """Decoding runs in ``workers`` threads; problems come in record order all the same."""
     store = _copy(stores(backend, "original"), tmp_path)
     junk = b"not an image"
     seen: dict[int, Record] = {}
@@ -259,7 +262,8 @@ def test_a_record_that_does_not_decode_is_named(
         return record
 
     _rewrite_shard(store, backend, change)
-    report = verify_store(store)
+    report = verify_store(store, workers=workers)
+    assert not [t for t in threading.enumerate() if t.name.startswith("packer-verify")]
     assert [(p.shard, p.index, p.path) for p in report.problems] == [
         (f"shard-00000{store.suffix}", 3, seen[3].path),
         (f"shard-00000{store.suffix}", 5, seen[5].path),
