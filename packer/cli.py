@@ -414,10 +414,22 @@ def _echo_json(data: Any) -> None:
     help="paths: each file at its original relative path; classes: OUTDIR/<class>/<name>.",
 )
 @click.option("--overwrite", is_flag=True, help="Write into an existing, non-empty OUTDIR.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Threads that encode raw pixels as PNG [default: all cores].",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def unpack_command(
-    store: Path, outdir: Path, layout: str, overwrite: bool, quiet: bool, as_json: bool
+    store: Path,
+    outdir: Path,
+    layout: str,
+    overwrite: bool,
+    workers: int,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Write every record of STORE back as a file under OUTDIR.
 
@@ -436,6 +448,7 @@ def unpack_command(
             layout=layout,
             overwrite=overwrite,
             progress=lambda done, total: line("unpack", done, total),
+            workers=workers or None,
         )
     finally:
         line.finish()

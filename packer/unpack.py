@@ -11,7 +11,9 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,6 +27,7 @@ from packer.errors import (
     StoreExistsError,
     UsageError,
 )
+from packer.options import default_workers
 from packer.record import Record
 
 __all__ = ["LAYOUTS", "UnpackResult", "unpack_store"]
@@ -63,6 +66,7 @@ def unpack_store(
     layout: str = "paths",
     overwrite: bool = False,
     progress: ProgressFn | None = None,
+    workers: int | None = None,
 ) -> UnpackResult:
     """Write every record of ``store`` back as a file under ``outdir``.
 
@@ -82,7 +86,8 @@ def unpack_store(
     are replaced and every other file is left alone. Each file is written under a temporary
     name (``.unpack-*.tmp``) in its folder and renamed, so an interrupted unpack never leaves
     a half file under a final name. Records are read in store order, in sequential blocks, and
-    each one's CRC-32 is checked before it is written.
+    each one's CRC-32 is checked before it is written. Raw pixels are encoded to PNG in
+    ``workers`` threads (default: all cores), a few records ahead of the writing.
 
     Raises:
         StoreError: a record path (or class name) that is absolute or leaves ``outdir``, or
@@ -110,9 +115,10 @@ def unpack_store(
         folders = _Folders(outdir)
         raw = source.manifest.storage.payload == "raw"
         total = len(source)
-        for index, record in source.indexed_records():
+        records = source.indexed_records()
+        contents = _as_pngs(records, workers or default_workers()) if raw else _as_stored(records)
+        for index, record, data in contents:
             target = folders.target(namer.name(index, record), index, record.path)
-            data = _png(record) if raw else record.data
             try:
                 _write_file(target, data)
             except OSError as e:
@@ -248,6 +254,42 @@ class _Folders:
                 ) from e
             self.checked.add(parent)
         return self.root / relative
+
+
+FileContents = Iterator[tuple[int, Record, bytes | memoryview]]
+
+
+def _as_stored(records: Iterator[tuple[int, Record]]) -> FileContents:
+    for index, record in records:
+        yield index, record, record.data
+
+
+def _as_pngs(records: Iterator[tuple[int, Record]], workers: int) -> FileContents:
+    """Each record with its pixels encoded as a PNG, in store order. ``workers`` threads
+    encode a few records ahead (Pillow releases the GIL while it compresses); a damaged
+    record still has every record before it written first."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="packer-unpack") as pool:
+        ahead: deque[tuple[int, Record, Future[bytes]]] = deque()
+
+        def oldest() -> tuple[int, Record, bytes]:
+            index, record, png = ahead.popleft()
+            return index, record, png.result()
+
+        try:
+            try:
+                for index, record in records:
+                    ahead.append((index, record, pool.submit(_png, record)))
+                    if len(ahead) > 2 * workers:
+                        yield oldest()
+            except Exception:  # a damaged record: the ones before it are written first
+                while ahead:
+                    yield oldest()
+                raise
+            while ahead:
+                yield oldest()
+        finally:  # Ctrl-C or an error in the caller: what has not started is dropped
+            for _, _, png in ahead:
+                png.cancel()
 
 
 def _png(record: Record) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +279,30 @@ def test_unpack_stops_at_a_damaged_record(image_dir: Path, tmp_path: Path) -> No
     out = _files(tmp_path / "out")
     assert len(out) == 9 and damaged.path not in out
     assert all(out[p] == (image_dir / p).read_bytes() for p in out)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_unpack_of_raw_pixels_writes_every_record_before_a_damaged_one(
+    image_dir: Path, tmp_path: Path, workers: int
+) -> None:
+    """PNGs are encoded in threads, ahead of the writing; the damage stops it all the same."""
+    store = store_path(tmp_path, "hdf5")
+    pack(image_dir, store, _options("hdf5", raw=True, size=(8, 8)))
+    with open_store(store) as s:
+        before = {s.record(i).path.rsplit(".", 1)[0] + ".png": s[i][0] for i in range(9)}
+        damaged = s.record(9).path
+    with h5py.File(store / read_manifest(store).shards[0].file, "r+") as f:
+        pixels = f["images"][9]
+        pixels[0, 0, 0] ^= 0xFF
+        f["images"][9] = pixels  # the CRC is left as it was
+    with pytest.raises(CorruptRecordError, match=rf"record 9 in shard-00000.h5 \({damaged}\)"):
+        unpack_store(store, tmp_path / "out", workers=workers)
+    out = _files(tmp_path / "out")
+    assert sorted(out) == sorted(before)
+    for name, pixels in before.items():
+        with Image.open(tmp_path / "out" / name) as im:
+            assert np.array_equal(np.asarray(im.convert("RGB")), pixels)
+    assert not [t for t in threading.enumerate() if t.name.startswith("packer-unpack")]
 
 
 def test_interrupted_unpack_leaves_only_complete_files(
