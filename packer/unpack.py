@@ -117,18 +117,19 @@ def unpack_store(
         total = len(source)
         records = source.indexed_records()
         contents = _as_pngs(records, workers or default_workers()) if raw else _as_stored(records)
-        for index, record, data in contents:
-            target = folders.target(namer.name(index, record), index, record.path)
-            try:
-                _write_file(target, data)
-            except OSError as e:
-                raise PackerError(
-                    f"{target}: cannot write record {index} ({record.path}): {e.strerror or e}"
-                ) from e
-            files += 1
-            written_bytes += len(data)
-            if progress is not None:
-                progress(files, total)
+        with contextlib.closing(contents):  # on any exit, its encoding threads stop now
+            for index, record, data in contents:
+                target = folders.target(namer.name(index, record), index, record.path)
+                try:
+                    _write_file(target, data)
+                except OSError as e:
+                    raise PackerError(
+                        f"{target}: cannot write record {index} ({record.path}): {e.strerror or e}"
+                    ) from e
+                files += 1
+                written_bytes += len(data)
+                if progress is not None:
+                    progress(files, total)
     except KeyboardInterrupt:
         raise PackInterrupted(
             f"interrupted: {files} complete file(s) were written to {outdir}"

@@ -328,6 +328,27 @@ def test_interrupted_unpack_leaves_only_complete_files(
     assert all(out[p] == (image_dir / p).read_bytes() for p in out)
 
 
+def test_interrupted_unpack_of_raw_pixels_stops_its_threads(
+    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = store_path(tmp_path, "lmdb")
+    pack(image_dir, store, _options(raw=True, size=(8, 8)))
+    real_replace, calls = os.replace, []
+
+    def interrupted(src: Any, dst: Any) -> None:
+        calls.append(dst)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(PackInterrupted, match="5 complete file"):
+        unpack_store(store, tmp_path / "out", workers=3)
+    monkeypatch.undo()
+    assert not [t for t in threading.enumerate() if t.name.startswith("packer-unpack")]
+    assert len(_files(tmp_path / "out")) == 5
+
+
 # --------------------------------------------------------------------------- convert
 
 
