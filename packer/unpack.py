@@ -12,7 +12,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -257,7 +257,7 @@ class _Folders:
         return self.root / relative
 
 
-FileContents = Iterator[tuple[int, Record, bytes | memoryview]]
+FileContents = Generator[tuple[int, Record, bytes | memoryview], None, None]
 
 
 def _as_stored(records: Iterator[tuple[int, Record]]) -> FileContents:
