@@ -78,6 +78,18 @@ class VerifyReport:
         }
 
 
+@dataclass(frozen=True)
+class _ShardCheck:
+    """One shard's records to check: where they are, and how (pickled to a child as is)."""
+
+    file: Path
+    info: ShardInfo
+    start: int  # the global index of its first record
+    manifest: Manifest
+    decode: bool
+    workers: int
+
+
 class _Findings:
     """The first ``limit`` problems, and a count of the rest."""
 
@@ -145,14 +157,14 @@ def verify_store(
     checked = 0
     advance(0)
     for info, start in zip(manifest.shards, manifest.shard_starts()):
-        file = store / info.file
-        intact = _check_file(file, info, manifest.backend, found)
+        job = _ShardCheck(store / info.file, info, start, manifest, decode, workers)
+        intact = _check_file(job.file, info, manifest.backend, found)
         if intact is None:
             pass  # missing, unreadable, or too short to map safely
         elif intact:
-            checked += _check_records(file, info, start, manifest, decode, workers, found, advance)
+            checked += _check_records(job, found, advance)
         else:
-            checked += _check_records_apart(file, info, start, manifest, decode, workers, found)
+            checked += _check_records_apart(job, found)
         advance(start + info.num_records)
         log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
     if checked != total:
@@ -187,24 +199,13 @@ def _check_file(file: Path, info: ShardInfo, backend: str, found: _Findings) -> 
     return True
 
 
-def _check_records_apart(
-    file: Path,
-    info: ShardInfo,
-    start: int,
-    manifest: Manifest,
-    decode: bool,
-    workers: int,
-    found: _Findings,
-) -> int:
+def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:
     """Check a changed shard's records in a child process. One flipped bit in an LMDB page
     header or in HDF5's metadata can crash the reading process (SIGBUS, SIGSEGV, an
     assertion's abort: seen in bit-flip sweeps), so here a crash is one more finding."""
     context = multiprocessing.get_context("spawn")  # a clean process, no inherited handles
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(
-        target=_check_in_child,
-        args=(send, file, info, start, manifest, decode, workers, found.limit),
-    )
+    child = context.Process(target=_check_in_child, args=(send, job, found.limit))
     child.start()
     send.close()
     try:
@@ -219,41 +220,24 @@ def _check_records_apart(
             signal.Signals(-child.exitcode).name if child.exitcode < 0 else f"exit {child.exitcode}"
         )
         found.add(
-            info.file,
+            job.info.file,
             None,
             None,
-            f"reading it crashed the reader ({how}): {manifest.backend}'s own structures in the file are damaged",
+            f"reading it crashed the reader ({how}): {job.manifest.backend}'s own structures in the file are damaged",
         )
     return int(checked)
 
 
-def _check_in_child(
-    send: Any,
-    file: Path,
-    info: ShardInfo,
-    start: int,
-    manifest: Manifest,
-    decode: bool,
-    workers: int,
-    limit: int,
-) -> None:
+def _check_in_child(send: Any, job: _ShardCheck, limit: int) -> None:
     found = _Findings(limit)
-    checked = _check_records(file, info, start, manifest, decode, workers, found, lambda done: None)
+    checked = _check_records(job, found, lambda done: None)
     send.send((checked, [(p.shard, p.index, p.path, p.reason) for p in found.listed]))
 
 
-def _check_records(
-    file: Path,
-    info: ShardInfo,
-    start: int,
-    manifest: Manifest,
-    decode: bool,
-    workers: int,
-    found: _Findings,
-    advance: Callable[[int], None],
-) -> int:
-    """Read and check one shard's records, decoding in ``workers`` threads; returns how many
-    were read and checksummed."""
+def _check_records(job: _ShardCheck, found: _Findings, advance: Callable[[int], None]) -> int:
+    """Read and check one shard's records, decoding in ``job.workers`` threads; returns how
+    many were read and checksummed."""
+    file, info, start, manifest, decode = job.file, job.info, job.start, job.manifest, job.decode
     try:
         reader: ShardReader = open_shard_reader(manifest.backend, file)
     except Exception as e:  # noqa: BLE001 - any library error on a damaged file is a finding
@@ -261,7 +245,7 @@ def _check_records(
         return 0
     mode = manifest.storage.mode
     checked = 0
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="packer-verify") if decode else None
+    pool = ThreadPoolExecutor(job.workers, thread_name_prefix="packer-verify") if decode else None
     try:
         max_pixels = int(manifest.options.get("max_pixels") or imaging.DEFAULT_MAX_PIXELS)
         count = len(reader)

@@ -305,12 +305,8 @@ def test_unpack_of_raw_pixels_writes_every_record_before_a_damaged_one(
     assert not [t for t in threading.enumerate() if t.name.startswith("packer-unpack")]
 
 
-def test_interrupted_unpack_leaves_only_complete_files(
-    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _ctrl_c_at_the_sixth_rename(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C at the worst moment, between writing a file and renaming it into place."""
-    store = tmp_path / "s.h5"
-    pack(image_dir, store, _options("hdf5"))
     real_replace, calls = os.replace, []
 
     def interrupted(src: Any, dst: Any) -> None:
@@ -320,6 +316,14 @@ def test_interrupted_unpack_leaves_only_complete_files(
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", interrupted)
+
+
+def test_interrupted_unpack_leaves_only_complete_files(
+    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "s.h5"
+    pack(image_dir, store, _options("hdf5"))
+    _ctrl_c_at_the_sixth_rename(monkeypatch)
     with pytest.raises(PackInterrupted, match="5 complete file"):
         unpack_store(store, tmp_path / "out")
     monkeypatch.undo()
@@ -333,15 +337,7 @@ def test_interrupted_unpack_of_raw_pixels_stops_its_threads(
 ) -> None:
     store = store_path(tmp_path, "lmdb")
     pack(image_dir, store, _options(raw=True, size=(8, 8)))
-    real_replace, calls = os.replace, []
-
-    def interrupted(src: Any, dst: Any) -> None:
-        calls.append(dst)
-        if len(calls) == 6:
-            raise KeyboardInterrupt
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", interrupted)
+    _ctrl_c_at_the_sixth_rename(monkeypatch)
     with pytest.raises(PackInterrupted, match="5 complete file"):
         unpack_store(store, tmp_path / "out", workers=3)
     monkeypatch.undo()
