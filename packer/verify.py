@@ -13,12 +13,13 @@ SIGBUS, or an LMDB assertion's SIGABRT). Only a truncated LMDB file is refused b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import signal
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -156,17 +157,20 @@ def verify_store(
     workers = workers or default_workers()
     checked = 0
     advance(0)
-    for info, start in zip(manifest.shards, manifest.shard_starts()):
-        job = _ShardCheck(store / info.file, info, start, manifest, decode, workers)
-        intact = _check_file(job.file, info, manifest.backend, found)
-        if intact is None:
-            pass  # missing, unreadable, or too short to map safely
-        elif intact:
-            checked += _check_records(job, found, advance)
-        else:
-            checked += _check_records_apart(job, found)
-        advance(start + info.num_records)
-        log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
+    files = _files_checked_ahead(store, manifest)
+    with contextlib.closing(files):
+        for info, start, intact, reason in files:
+            if reason is not None:
+                found.add(info.file, None, None, reason)
+            job = _ShardCheck(store / info.file, info, start, manifest, decode, workers)
+            if intact is None:
+                pass  # missing, unreadable, or too short to map safely
+            elif intact:
+                checked += _check_records(job, found, advance)
+            else:
+                checked += _check_records_apart(job, found)
+            advance(start + info.num_records)
+            log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
     if checked != total:
         found.add("", None, None, f"{checked:,} of the manifest's {total:,} records were checked")
     if found.unlisted:
@@ -175,28 +179,53 @@ def verify_store(
     return VerifyReport(store, checked, len(manifest.shards), found.listed, seconds)
 
 
-def _check_file(file: Path, info: ShardInfo, backend: str, found: _Findings) -> bool | None:
+FileVerdict = tuple[ShardInfo, int, bool | None, str | None]
+
+
+def _files_checked_ahead(store: Path, manifest: Manifest) -> Generator[FileVerdict, None, None]:
+    """Each shard (info, first record's index) with _check_file's verdict on its file. The
+    next shard's file is hashed in a thread (hashlib releases the GIL) while the caller
+    checks this one's records, so on many cores hashing does not add to the time."""
+    shards = list(zip(manifest.shards, manifest.shard_starts()))
+    with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
+
+        def check(k: int) -> Future[tuple[bool | None, str | None]] | None:
+            if k == len(shards):
+                return None
+            return hasher.submit(
+                _check_file, store / shards[k][0].file, shards[k][0], manifest.backend
+            )
+
+        ahead = check(0)
+        try:
+            for k, (info, start) in enumerate(shards):
+                assert ahead is not None
+                intact, reason = ahead.result()
+                ahead = check(k + 1)
+                yield info, start, intact, reason
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+
+
+def _check_file(file: Path, info: ShardInfo, backend: str) -> tuple[bool | None, str | None]:
     """Size and sha256 of one shard file: True if intact, False if changed, None if its
-    records cannot be read at all."""
+    records cannot be read at all; and what is wrong with it, if anything."""
     try:
         size = file.stat().st_size
         if size != info.bytes:
-            found.add(
-                info.file, None, None, f"{size:,} bytes on disk, manifest says {info.bytes:,}"
-            )
+            reason = f"{size:,} bytes on disk, manifest says {info.bytes:,}"
             # A short file of a mapped backend could crash even a child process to no use.
-            return None if size < info.bytes and backend in _MAPPED else False
+            return (None if size < info.bytes and backend in _MAPPED else False), reason
         on_disk = ShardInfo.of_file(file, info.num_records, info.payload_bytes)
     except FileNotFoundError:
-        found.add(info.file, None, None, "shard file is missing")
-        return None
+        return None, "shard file is missing"
     except OSError as e:
-        found.add(info.file, None, None, f"cannot read the shard file: {e.strerror or e}")
-        return None
+        return None, f"cannot read the shard file: {e.strerror or e}"
     if on_disk.sha256 != info.sha256:
-        found.add(info.file, None, None, "sha256 mismatch: the file changed after it was packed")
-        return False  # still read (apart): the records say which of them the change damaged
-    return True
+        # Still read (apart): the records say which of them the change damaged.
+        return False, "sha256 mismatch: the file changed after it was packed"
+    return True, None
 
 
 def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:

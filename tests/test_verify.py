@@ -221,6 +221,33 @@ def test_a_missing_or_resized_shard_is_named(
     assert report.records_checked == 40
 
 
+def test_problems_are_listed_shard_by_shard_though_files_are_hashed_ahead(
+    stores: Callable[[str, str], Path], backend: str, tmp_path: Path
+) -> None:
+    """Shard 1's file is hashed while shard 0's records are read; its finding comes after
+    theirs all the same."""
+    store = _copy(stores(backend, "original"), tmp_path)
+    junk = b"not an image"
+    _rewrite_shard(  # shard 0: record 2 intact by its checksum, but no image
+        store,
+        backend,
+        lambda i, r: (
+            Record(junk, r.labels, r.path, checksum(junk), r.shape, r.format) if i == 2 else r
+        ),
+    )
+    second = read_manifest(store).shards[1]
+    with open(store / second.file, "ab") as f:
+        f.write(b"\0" * 10)
+    report = verify_store(store)
+    assert [(p.shard, p.index) for p in report.problems] == [
+        (read_manifest(store).shards[0].file, 2),
+        (second.file, None),
+    ]
+    assert not [
+        t for t in threading.enumerate() if t.name.startswith(("packer-hash", "packer-verify"))
+    ]
+
+
 def _rewrite_shard(store: Path, backend: str, change: Callable[[int, Record], Record]) -> None:
     """Write shard 0 of ``store`` anew through the store writer API, each record passed
     through ``change(index, record)``, and reseal the manifest: the damage is then invisible
