@@ -118,13 +118,6 @@ def read_window(
     )
 
 
-def _intact(window: Window) -> np.ndarray:
-    """Where each raw row of ``window`` matches its CRC-32: checked as read, or now."""
-    if window.intact is not None:
-        return window.intact
-    return rows_intact(window.data, window.crc32)  # type: ignore[arg-type]
-
-
 def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:
     """The records at positions ``order`` of ``window``, as a new Window (one copy per column).
 
@@ -224,10 +217,11 @@ def finish_batch(
     is set (the epoch was abandoned, or Ctrl-C), the next record raises Stopped instead.
     """
     # Raw pixels of one shape with nothing to do per image: the batch is already one array.
-    # Only the checksums are per record (usually checked as read), and a damaged record
-    # sends the batch down the general path below.
+    # Only the checksums are per record (checked as read, into ``intact``), and a damaged
+    # record sends the batch down the general path below, which names it.
     as_stored = transform is None and collate is None and size is None
-    if isinstance(window.data, np.ndarray) and as_stored and (not verify or _intact(window).all()):
+    checked = not verify or (window.intact is not None and bool(window.intact.all()))
+    if isinstance(window.data, np.ndarray) and as_stored and checked:
         labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
         return Batch(window.data, labels, window.paths, 0, window.data.nbytes)
     images: list[Any] = []

@@ -387,7 +387,7 @@ def _inspect_verify(store: Path, decode: bool, workers: int, as_json: bool) -> N
             store,
             decode=decode,
             progress=lambda done, total: line("verify", done, total),
-            workers=workers or None,
+            workers=workers,
         )
     finally:
         line.finish()
@@ -448,7 +448,7 @@ def unpack_command(
             layout=layout,
             overwrite=overwrite,
             progress=lambda done, total: line("unpack", done, total),
-            workers=workers or None,
+            workers=workers,
         )
     finally:
         line.finish()

@@ -120,8 +120,7 @@ class Producer:
             try:
                 skip = skip_batches * opts.batch_size
                 merge = partial(merge_batches, stack=opts.collate is None)
-                verify = raw and finish.keywords["verify"]
-                for window in self._gathered(store, epoch, skip, verify):
+                for window in self._gathered(store, epoch, skip, finish.keywords["verify"]):
                     if ready:
                         yield mover(merge([finish(window)]))
                         continue

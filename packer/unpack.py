@@ -87,19 +87,22 @@ def unpack_store(
     name (``.unpack-*.tmp``) in its folder and renamed, so an interrupted unpack never leaves
     a half file under a final name. Records are read in store order, in sequential blocks, and
     each one's CRC-32 is checked before it is written. Raw pixels are encoded to PNG in
-    ``workers`` threads (default: all cores), a few records ahead of the writing.
+    ``workers`` threads (None or 0: all cores), a few records ahead of the writing.
 
     Raises:
         StoreError: a record path (or class name) that is absolute or leaves ``outdir``, or
             reaches outside it through a symbolic link; CorruptRecordError (a StoreError)
             for a damaged record. Files written before it stay; nothing is written outside.
         StoreExistsError: ``outdir`` is not empty (or not a folder) and not ``overwrite``.
-        UsageError: an unknown layout, or ``layout="classes"`` for a store without labels.
+        UsageError: an unknown layout, ``layout="classes"`` for a store without labels, or
+            ``workers`` below 0.
         PackInterrupted: Ctrl-C; the files written so far stay, complete.
     """
     started = time.perf_counter()
     if layout not in LAYOUTS:
         raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    if workers is not None and workers < 0:
+        raise UsageError(f"workers must be 0 (all cores) or more, not {workers}")
     outdir = Path(outdir)
     opened = not isinstance(store, Store)
     source = store if isinstance(store, Store) else Store(store)

@@ -128,8 +128,8 @@ def verify_store(
             from 0 to ``total`` (the manifest's record count): the records gone through so
             far, checked or given up on with their shard.
         max_problems: list at most this many; one last problem then says how many more.
-        workers: threads that decode (Pillow releases the GIL while it decodes); default
-            all cores.
+        workers: threads that decode (Pillow releases the GIL while it decodes); None or
+            0: all cores.
 
     Returns:
         The report; ``report.ok`` only if nothing at all was found wrong.
@@ -137,10 +137,12 @@ def verify_store(
     Raises:
         ManifestError: the manifest is missing or unreadable (IncompleteStoreError for an
             unfinished pack).
-        ValueError: ``max_problems`` is below 1.
+        ValueError: ``max_problems`` is below 1, or ``workers`` below 0.
     """
     if max_problems < 1:
         raise ValueError(f"max_problems must be at least 1, not {max_problems}")
+    if workers is not None and workers < 0:
+        raise ValueError(f"workers must be 0 (all cores) or more, not {workers}")
     started = time.perf_counter()
     store = Path(path)
     manifest = read_manifest(store)
@@ -332,11 +334,15 @@ def _suspects(block: Block, mode: str, decode: bool) -> Sequence[int]:
         return range(len(block))
     healthy = rows_intact(block.data, block.crc32)
     if decode:
-        allowed = list(imaging.CHANNELS.values()) if mode == "keep" else [imaging.CHANNELS[mode]]
         healthy &= (block.shapes == block.data.shape[1:]).all(axis=1)
-        healthy &= np.isin(block.shapes[:, 2], allowed)
+        healthy &= np.isin(block.shapes[:, 2], list(_channels(mode)))
         healthy &= np.array([f == "raw" for f in block.formats], bool)
     return np.flatnonzero(~healthy).tolist()
+
+
+def _channels(mode: str) -> set[int]:
+    """The channel counts raw pixels of colour policy ``mode`` may have."""
+    return set(imaging.CHANNELS.values()) if mode == "keep" else {imaging.CHANNELS[mode]}
 
 
 def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: int) -> str | None:
@@ -351,8 +357,8 @@ def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: i
         size, needed = memoryview(payload).nbytes, stored[0] * stored[1] * stored[2]
         if size != needed:
             return f"{size:,} raw bytes, shape {_shape(stored)} needs {needed:,}"
-        allowed = set(imaging.CHANNELS.values()) if mode == "keep" else {imaging.CHANNELS[mode]}
-        return None if stored[2] in allowed else f"shape {_shape(stored)} is not {mode} pixels"
+        ok = stored[2] in _channels(mode)
+        return None if ok else f"shape {_shape(stored)} is not {mode} pixels"
     try:
         im, _ = imaging.decode(bytes(payload), mode, max_pixels)
         decoded = (im.height, im.width, imaging.CHANNELS[im.mode])

@@ -245,6 +245,10 @@ def test_unpack_and_convert_commands(image_dir: Path, tmp_path: Path) -> None:
     run("pack", str(image_dir), str(out), "--workers", "2")
     code, text, _ = run("unpack", str(out), str(tmp_path / "back"))
     assert code == 0 and text.startswith("wrote 21 files")
+    code, text, _ = run("unpack", str(out), str(tmp_path / "again"), "--workers", "1", "--json")
+    assert code == 0 and json.loads(text)["files"] == 21
+    code, _, err = run("unpack", str(out), str(tmp_path / "never"), "--workers", "-1")
+    assert code == 2 and "--workers" in err and not (tmp_path / "never").exists()
     for source in image_dir.rglob("*.*"):
         assert (
             tmp_path / "back" / source.relative_to(image_dir)

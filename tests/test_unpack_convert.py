@@ -332,6 +332,14 @@ def test_interrupted_unpack_leaves_only_complete_files(
     assert all(out[p] == (image_dir / p).read_bytes() for p in out)
 
 
+def test_unpack_refuses_a_negative_worker_count(image_dir: Path, tmp_path: Path) -> None:
+    store = tmp_path / "s.lmdb"
+    pack(image_dir, store, _options())
+    with pytest.raises(UsageError, match="workers must be 0 .all cores. or more, not -2"):
+        unpack_store(store, tmp_path / "out", workers=-2)
+    assert not (tmp_path / "out").exists()
+
+
 def test_interrupted_unpack_of_raw_pixels_stops_its_threads(
     image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -221,6 +221,11 @@ def test_a_missing_or_resized_shard_is_named(
     assert report.records_checked == 40
 
 
+def test_a_negative_worker_count_is_refused(stores: Callable[[str, str], Path]) -> None:
+    with pytest.raises(ValueError, match="workers must be 0 .all cores. or more, not -1"):
+        verify_store(stores("lmdb"), workers=-1)
+
+
 def test_problems_are_listed_shard_by_shard_though_files_are_hashed_ahead(
     stores: Callable[[str, str], Path], backend: str, tmp_path: Path
 ) -> None:
