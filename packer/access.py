@@ -301,6 +301,8 @@ def record_pixels(
         if size is None:
             return pixels.copy() if writable else pixels
         im = imaging.resize(imaging.from_array(pixels), size=size, fit=fit)
+    elif size is None:
+        return imaging.decode_array(bytes(record.data), mode, writable=writable)
     else:
         im = imaging.decode_resized(bytes(record.data), mode, size=size, fit=fit)
     return imaging.to_array(im, writable)

@@ -16,6 +16,8 @@ compares runs made side by side. Reader runs: batch 256, shuffle=True, one epoch
   2. original bytes (default storage) vs the DECODE LIMIT: a thread pool of all cores decoding
      the same payloads (taken from the store beforehand) with ``Image.open(BytesIO(b))
      .convert("RGB")`` + ``np.asarray``, the clock around the decoding only. Target >= 0.9x.
+     Shown too: the same pool with the JPEGs decoded by libjpeg-turbo straight into NumPy
+     (``simplejpeg.decode_jpeg``, as the reader does), the limit of the reader's own path.
   3. what users have today: the seeds' baseline (Pillow, one file at a time in the main
      thread, batches of 256 as lists); a torch DataLoader (num_workers=2) over a minimal
      map-style dataset that decodes, converts to RGB and resizes to --resize, vs the reader
@@ -63,6 +65,7 @@ from typing import Any
 import h5py
 import lmdb
 import numpy as np
+import simplejpeg
 from PIL import Image
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
@@ -259,14 +262,25 @@ def decode_all(payloads: list[bytes]) -> None:
         np.asarray(Image.open(io.BytesIO(payload)).convert("RGB"))
 
 
-def decode_limit(payloads: list[bytes], workers: int) -> dict[str, float]:
+def decode_all_turbo(payloads: list[bytes]) -> None:
+    """JPEGs by libjpeg-turbo straight into NumPy (simplejpeg), the rest by Pillow."""
+    for payload in payloads:
+        if payload[:2] == b"\xff\xd8":
+            simplejpeg.decode_jpeg(payload, "RGB")
+        else:
+            np.asarray(Image.open(io.BytesIO(payload)).convert("RGB"))
+
+
+def decode_limit(
+    payloads: list[bytes], workers: int, decode: Callable[[list[bytes]], None] = decode_all
+) -> dict[str, float]:
     """Decode limit: every core decodes payloads from memory; only the decoding is timed."""
     size = max(1, len(payloads) // (workers * 16))
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(time.sleep, [0.01] * workers))  # every thread started before the clock
         started = time.perf_counter()
         parts = [payloads[i : i + size] for i in range(0, len(payloads), size)]
-        for future in [pool.submit(decode_all, part) for part in parts]:
+        for future in [pool.submit(decode, part) for part in parts]:
             future.result()
         seconds = time.perf_counter() - started
     return {"images": len(payloads), "seconds": seconds}
@@ -361,10 +375,13 @@ def plan(
         compares.append(Compare(f"reader raw {b} verify=False", [shuffled], None))
     with open_store(stores["original lmdb"]) as opened:
         payloads = [bytes(record.data) for record in opened.records()]
-    runs["limit decode (all cores)"] = partial(decode_limit, payloads, default_workers())
+    pillow, turbo = "limit decode (all cores)", "limit decode, JPEGs by libjpeg-turbo (all cores)"
+    runs[pillow] = partial(decode_limit, payloads, default_workers())
+    runs[turbo] = partial(decode_limit, payloads, default_workers(), decode_all_turbo)
     for b in ("lmdb", "hdf5"):
         runs[f"reader original {b}"] = partial(read, stores[f"original {b}"])
-        compares.append(Compare(f"reader original {b}", ["limit decode (all cores)"], READ_TARGET))
+        compares.append(Compare(f"reader original {b}", [pillow], READ_TARGET))
+        compares.append(Compare(f"reader original {b}", [turbo], None))
     size, (h, w) = args.resize, args.resize
     rival, mine, at_read, sized = (
         f"DataLoader workers={WORKERS} resize {h}x{w}",

@@ -1,0 +1,58 @@
+"""JPEG pixels decoded by libjpeg-turbo straight into a NumPy array (simplejpeg).
+
+Pillow decodes a JPEG into its own four-bytes-per-pixel storage, and getting an array out
+of that (``Image.tobytes``) copies every pixel twice with the GIL held. simplejpeg decodes
+into the array itself, with the GIL released throughout: about 1.6x Pillow's rate, more
+with several threads (``python scripts/bench_decode_pool.py``). It is the same
+libjpeg-turbo with the same default DCT and upsampling, so the pixels are Pillow's, byte
+for byte (tests/test_jpeg_turbo.py).
+
+Only pixels come from here. Pillow still parses every header (format, size, mode, EXIF,
+the pixel limit) and has the last word on any file this path declines or fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import simplejpeg
+
+__all__ = ["decode", "upright"]
+
+# (Pillow's mode of the file, the mode wanted) -> libjpeg-turbo's output colour space.
+# Not L from colour: Pillow's RGB -> L weights are not libjpeg's luma channel. Not CMYK:
+# Pillow inverts Adobe CMYK its own way.
+_COLORSPACES = {("RGB", "RGB"): "RGB", ("L", "L"): "GRAY", ("L", "RGB"): "RGB"}
+
+
+def decode(data: bytes | memoryview, file_mode: str, mode: str) -> np.ndarray | None:
+    """A JPEG's pixels as height x width x channels uint8, as stored (not yet upright), or
+    None where Pillow must decode it: a mode pair it would convert differently, or any
+    error or warning from libjpeg (``strict``), such as a truncated file."""
+    colorspace = _COLORSPACES.get((file_mode, mode))
+    if colorspace is None:
+        return None
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace)
+    except ValueError:
+        return None
+
+
+def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """``pixels`` turned as Pillow's ``exif_transpose`` turns an image of EXIF
+    ``orientation`` (1-8); a fresh contiguous array unless already upright."""
+    turn = _TURNS.get(orientation)
+    return pixels if turn is None else np.ascontiguousarray(turn(pixels))
+
+
+# EXIF orientation -> the view of the stored pixels that stands the image upright.
+_TURNS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    2: lambda p: p[:, ::-1],  # mirrored
+    3: lambda p: p[::-1, ::-1],  # upside down
+    4: lambda p: p[::-1],  # mirrored upside down
+    5: lambda p: p.transpose(1, 0, 2),  # transposed
+    6: lambda p: p.transpose(1, 0, 2)[:, ::-1],  # turned a quarter, clockwise to fix
+    7: lambda p: p[::-1, ::-1].transpose(1, 0, 2),  # transverse
+    8: lambda p: p.transpose(1, 0, 2)[::-1],  # turned a quarter, anticlockwise to fix
+}

@@ -1,0 +1,140 @@
+"""libjpeg-turbo's fast path (packer.jpeg_turbo): Pillow's pixels, byte for byte, or Pillow.
+
+Every case compares ``imaging.decode_array`` (fast path where it applies) with Pillow's own
+decode (``imaging.decode`` then ``to_array``), and checks which path ran, so a case that
+should be fast cannot quietly fall back and pass.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import EXIF_DISPLAY, corpus_dir
+from PIL import Image
+
+from packer import imaging, jpeg_turbo
+
+
+def _jpeg(mode: str, size: tuple[int, int], seed: int = 0, **save: object) -> bytes:
+    """A JPEG with real detail (noise over gradients), so every DCT coefficient matters."""
+    width, height = size
+    rng = np.random.default_rng(seed)
+    ramp = np.add.outer(np.arange(height), np.arange(width)) * 255 // max(1, width + height - 2)
+    channels = {"L": 1, "RGB": 3, "CMYK": 4}[mode]
+    pixels = ramp[:, :, None] + rng.integers(-40, 40, (height, width, channels))
+    pixels = np.clip(pixels, 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels[:, :, 0] if channels == 1 else pixels, mode).save(out, "JPEG", **save)
+    return out.getvalue()
+
+
+def _pillow(data: bytes, mode: str) -> np.ndarray:
+    im, _ = imaging.decode(data, mode)
+    return imaging.to_array(im)
+
+
+def _file_mode(data: bytes) -> str:
+    with Image.open(io.BytesIO(data)) as im:
+        return im.mode
+
+
+JPEGS = {
+    "rgb 4:2:0 odd size": _jpeg("RGB", (333, 201)),
+    "rgb 4:2:2": _jpeg("RGB", (64, 48), subsampling=1),
+    "rgb 4:4:4 quality 100": _jpeg("RGB", (50, 70), subsampling=0, quality=100),
+    "rgb progressive": _jpeg("RGB", (120, 90), progressive=True),
+    "rgb optimized, restart markers": _jpeg("RGB", (97, 61), optimize=True, restart_marker_blocks=2),
+    "rgb 1x1": _jpeg("RGB", (1, 1)),
+    "grey": _jpeg("L", (77, 33)),
+    "grey progressive": _jpeg("L", (40, 41), progressive=True),
+}
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "keep"])
+@pytest.mark.parametrize("name", sorted(JPEGS))
+def test_pixels_are_pillows(name: str, mode: str) -> None:
+    data = JPEGS[name]
+    file_mode = _file_mode(data)
+    fast = (file_mode, imaging.output_mode(file_mode, False, mode)) != ("RGB", "L")
+    # The path taken is the one expected: libjpeg-turbo for every pair but colour -> grey.
+    assert (jpeg_turbo.decode(data, file_mode, imaging.output_mode(file_mode, False, mode)) is not None) == fast
+    pixels = imaging.decode_array(data, mode)
+    assert pixels.dtype == np.uint8 and pixels.flags.writeable and pixels.flags.c_contiguous
+    assert np.array_equal(pixels, _pillow(data, mode))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_matches_pillows_transpose(orientation: int) -> None:
+    stored = np.random.default_rng(orientation).integers(0, 256, (24, 40, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    Image.fromarray(stored).save(out, "JPEG", exif=exif, quality=95)
+    data = out.getvalue()
+    assert jpeg_turbo.decode(data, "RGB", "RGB") is not None
+    pixels = imaging.decode_array(data)
+    assert pixels.shape == EXIF_DISPLAY[orientation](stored).shape
+    assert pixels.flags.c_contiguous and pixels.flags.writeable
+    assert np.array_equal(pixels, _pillow(data, "RGB"))
+
+
+def test_cmyk_is_left_to_pillow() -> None:
+    data = _jpeg("CMYK", (30, 20))
+    assert jpeg_turbo.decode(data, "CMYK", "RGB") is None
+    assert np.array_equal(imaging.decode_array(data), _pillow(data, "RGB"))
+
+
+def test_a_libjpeg_warning_falls_back_to_pillow_which_decodes_it() -> None:
+    # Junk before the scan's marker: libjpeg warns ("extraneous bytes"), Pillow decodes anyway.
+    good = JPEGS["rgb 4:2:0 odd size"]
+    scan = good.index(b"\xff\xda")
+    data = good[:scan] + b"\x00\x00\x00" + good[scan:]
+    assert jpeg_turbo.decode(data, "RGB", "RGB") is None
+    assert np.array_equal(imaging.decode_array(data), _pillow(good, "RGB"))
+    assert imaging.verify(data).format == "JPEG"
+
+
+def test_a_truncated_jpeg_fails_as_pillow_fails() -> None:
+    data = JPEGS["rgb 4:2:0 odd size"][:-500]
+    assert jpeg_turbo.decode(data, "RGB", "RGB") is None
+    with pytest.raises(OSError, match="truncated"):
+        imaging.decode_array(data)
+    with pytest.raises(OSError, match="truncated"):
+        imaging.verify(data)
+
+
+def test_the_pixel_limit_is_still_pillows() -> None:
+    data = _jpeg("RGB", (40, 30))
+    with pytest.raises(ValueError, match="decompression bomb refused"):
+        imaging.decode_array(data, max_pixels=1_000)
+    with pytest.raises(ValueError, match="decompression bomb refused"):
+        imaging.verify(data, max_pixels=1_000)
+
+
+def _outcome(call: object) -> tuple[str, object]:
+    try:
+        return "ok", call()  # type: ignore[operator]
+    except Exception as e:  # noqa: BLE001 - the outcome compared is any error at all
+        return "error", type(e).__name__
+
+
+@pytest.mark.filterwarnings("ignore:Corrupt EXIF data")
+@pytest.mark.parametrize("mode", ["RGB", "keep"])
+def test_corpus_jpegs_decode_as_pillow_decodes_them(mode: str) -> None:
+    """Odd real-world JPEGs (bad EXIF, ICC after SOF, junk headers, CMYK, truncation): the
+    same pixels, or the same failure, as Pillow alone."""
+    files = sorted(p for p in (corpus_dir() / "images").rglob("*.jpg"))
+    assert len(files) >= 10
+    for path in files:
+        data = Path(path).read_bytes()
+        fast = _outcome(lambda data=data: imaging.decode_array(data, mode))
+        slow = _outcome(lambda data=data: _pillow(data, mode))
+        assert fast[0] == slow[0], path.name
+        if fast[0] == "ok":
+            assert np.array_equal(fast[1], slow[1]), path.name  # type: ignore[arg-type]
+        else:
+            assert fast[1] == slow[1], path.name
+        assert _outcome(lambda data=data: imaging.verify(data))[0] == slow[0], path.name
