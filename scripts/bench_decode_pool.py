@@ -1,11 +1,13 @@
-"""Threads or processes for the reader's decode pool? Measured on this machine.
+"""Threads or processes for the reader's decode pool, and which decoder? Measured here.
 
     python scripts/bench_decode_pool.py [--images 1500] [--side 400] [--repeat 3]
 
 Decodes the same JPEG bytes (held in memory, as the reader holds a window) to RGB arrays with
 (a) one thread, (b) a pool of N threads, (c) a pool of N processes that receive the bytes and
-return the arrays by pickling, as a process pool must. Pillow releases the GIL while it
-decodes, so threads can use every core without the pickling that processes pay for.
+return the arrays by pickling, as a process pool must; each with Pillow (``convert("RGB")``,
+``np.asarray``) and with libjpeg-turbo straight into NumPy (``simplejpeg.decode_jpeg``, what
+packer's reader uses for JPEGs). Both release the GIL while they decode, so threads can use
+every core without the pickling that processes pay for.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
+import simplejpeg
 from PIL import Image
 
 
@@ -35,22 +39,28 @@ def make_jpegs(count: int, side: int) -> list[bytes]:
     return out
 
 
-def decode(data: bytes) -> np.ndarray:
+def pillow(data: bytes) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as im:
         return np.asarray(im.convert("RGB"))
 
 
-def decode_batch(batch: list[bytes]) -> list[np.ndarray]:
+def turbo(data: bytes) -> np.ndarray:
+    return simplejpeg.decode_jpeg(data, "RGB")
+
+
+def decode_batch(decode: Callable[[bytes], np.ndarray], batch: list[bytes]) -> list[np.ndarray]:
     return [decode(d) for d in batch]
 
 
-def run(pool: Executor | None, batches: list[list[bytes]]) -> float:
+def run(
+    pool: Executor | None, decode: Callable[[bytes], np.ndarray], batches: list[list[bytes]]
+) -> float:
     start = time.perf_counter()
     if pool is None:
         for batch in batches:
-            decode_batch(batch)
+            decode_batch(decode, batch)
     else:
-        for _ in pool.map(decode_batch, batches):
+        for _ in pool.map(decode_batch, [decode] * len(batches), batches):
             pass
     return time.perf_counter() - start
 
@@ -71,11 +81,15 @@ def main(argv: list[str] | None = None) -> int:
     jpegs = make_jpegs(args.images, args.side)
     batches = [jpegs[i : i + args.batch] for i in range(0, len(jpegs), args.batch)]
     with ThreadPoolExecutor(cores) as threads, ProcessPoolExecutor(cores) as processes:
-        run(processes, batches[:cores])  # start the workers before timing
+        run(processes, pillow, batches[:cores])  # start the workers before timing
         times = {
-            "one thread": best(args.repeat, lambda: run(None, batches)),
-            f"{cores} threads": best(args.repeat, lambda: run(threads, batches)),
-            f"{cores} processes": best(args.repeat, lambda: run(processes, batches)),
+            f"{name}, {pool_name}": best(args.repeat, partial(run, pool, decode, batches))
+            for name, decode in (("Pillow", pillow), ("libjpeg-turbo", turbo))
+            for pool_name, pool in (
+                ("one thread", None),
+                (f"{cores} threads", threads),
+                (f"{cores} processes", processes),
+            )
         }
     rates = {k: args.images / v for k, v in times.items()}
     if args.json:
@@ -87,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"command: python {' '.join(sys.argv)}")
     print(f"{args.images} JPEGs ~{args.side}x{args.side}, {cores} cores, best of {args.repeat}")
-    base = rates["one thread"]
+    base = rates["Pillow, one thread"]
     for name, rate in rates.items():
-        print(f"  {name:14} {rate:8,.0f} images/s  {rate / base:4.2f}x")
+        print(f"  {name:29} {rate:8,.0f} images/s  {rate / base:4.2f}x")
     return 0
 
 
