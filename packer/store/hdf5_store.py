@@ -242,6 +242,19 @@ def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
         )
 
 
+def _read_rows(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+    """``dataset[start:stop]``, into ``out[:stop - start]`` if given, through HDF5's own read:
+    h5py's slicing and ``read_direct`` build their selections in Python, which cost more
+    than the pixels of a small chunk (47 raw 64x64 rows: 1.33x the rate this way)."""
+    shape = (stop - start, *dataset.shape[1:])
+    rows = np.empty(shape, dataset.dtype) if out is None else out[: stop - start]
+    if stop > start:
+        file_space = dataset.id.get_space()
+        file_space.select_hyperslab((start,) + (0,) * (len(shape) - 1), shape)
+        dataset.id.read(h5py.h5s.create_simple(shape), file_space, rows)
+    return rows
+
+
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -292,12 +305,8 @@ class Hdf5ShardReader:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         data: list[bytes | memoryview] | np.ndarray
-        if self._raw and out is not None:  # straight into the caller's buffer: no extra copy
-            data = out[: stop - start]
-            if stop > start:
-                self._payload.read_direct(data, np.s_[start:stop], np.s_[0 : stop - start])
-        elif self._raw:
-            data = self._payload[start:stop]
+        if self._raw:  # straight into the caller's buffer, if any: no extra copy
+            data = _read_rows(self._payload, start, stop, out)
         else:
             assert self._offsets is not None
             offsets = self._offsets[start : stop + 1].astype(np.int64)
