@@ -8,7 +8,9 @@ libjpeg-turbo with the same default DCT and upsampling, so the pixels are Pillow
 for byte (tests/test_jpeg_turbo.py).
 
 Only pixels come from here. Pillow still parses every header (format, size, mode, EXIF,
-the pixel limit) and has the last word on any file this path declines or fails.
+the pixel limit) and has the last word on any file this path declines or fails. Where
+Pillow itself is built on another JPEG library (IJG's libjpeg 9 upsamples chroma its own
+way), this path is off, so pixels never depend on which decoder ran.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from collections.abc import Callable
 
 import numpy as np
 import simplejpeg
+from PIL import features
 
-__all__ = ["decode", "upright"]
+__all__ = ["ENABLED", "decode", "upright"]
+
+ENABLED = bool(features.check_feature("libjpeg_turbo"))
 
 # (Pillow's mode of the file, the mode wanted) -> libjpeg-turbo's output colour space.
 # Not L from colour: Pillow's RGB -> L weights are not libjpeg's luma channel. Not CMYK:
@@ -31,7 +36,7 @@ def decode(data: bytes | memoryview, file_mode: str, mode: str) -> np.ndarray | 
     None where Pillow must decode it: a mode pair it would convert differently, or any
     error or warning from libjpeg (``strict``), such as a truncated file."""
     colorspace = _COLORSPACES.get((file_mode, mode))
-    if colorspace is None:
+    if colorspace is None or not ENABLED:
         return None
     try:
         return simplejpeg.decode_jpeg(data, colorspace)

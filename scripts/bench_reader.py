@@ -9,8 +9,8 @@ compares runs made side by side. Reader runs: batch 256, shuffle=True, one epoch
   1. raw pixels (``PackOptions(raw=True, size=--raw-size)``), LMDB and HDF5, verify=True and
      verify=False vs the LIMIT, a bare read of the same shard files: an LMDB cursor walk
      copying every value into bytes, or h5py ``images[a:b]`` in slices of the reader's chunk
-     size (read by HDF5's own call, ``dataset.id.read``, as the reader reads them: h5py's
-     slicing builds its selection in Python, ~45 us a call). Each run reads --raw-epochs epochs (they are short). Target >= 0.9x. Shown too,
+     size, each read into one reused array by HDF5's own call (``dataset.id.read``), as the
+     reader reads them: h5py's slicing builds its selection in Python, ~45 us a call. Each run reads --raw-epochs epochs (they are short). Target >= 0.9x. Shown too,
      the floors under any shuffling reader, as bare loops: the same reads copied into a
      window of buffer_chunks chunks that stays in memory, and that plus copying each window
      out again, in a random order, into batch arrays.
@@ -210,13 +210,15 @@ def h5_rows(data: h5py.Dataset, a: int, n: int, out: np.ndarray | None = None) -
 
 def h5_slices(store: Path, chunk: int, epochs: int) -> dict[str, float]:
     """Raw HDF5 limit: ``images[a:b]`` in slices of the reader's chunk size, in file order,
-    each read by ``h5_rows`` into a new array."""
+    each read by ``h5_rows`` into one reused array (a new array per slice would add its
+    page faults: slower than the floors)."""
     images = 0
     for shard in read_manifest(store).shards * epochs:
-        with h5py.File(store / shard.file, "r", locking=False) as f:
+        with h5py.File(store / shard.file, "r", locking=False, rdcc_nbytes=0) as f:
             data = f["images"]
+            slice_ = np.empty((chunk, *data.shape[1:]), data.dtype)
             for a in range(0, len(data), chunk):
-                images += len(h5_rows(data, a, min(chunk, len(data) - a)))
+                images += len(h5_rows(data, a, min(chunk, len(data) - a), slice_))
     return {"images": images}
 
 

@@ -75,7 +75,9 @@ def main() -> None:
     print(f"{args.rows:,} rows of {args.shape} ({rows[0].nbytes:,} bytes), rows/s, best run:")
     print(f"{'':24} {'alone':>12} {'beside a busy thread':>22}")
     for name, r in report.items():
-        print(f"{name:24} {r['alone_rows_per_s']:12,.0f} {r['beside_busy_thread_rows_per_s']:22,.0f}")
+        print(
+            f"{name:24} {r['alone_rows_per_s']:12,.0f} {r['beside_busy_thread_rows_per_s']:22,.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -530,6 +530,12 @@ CASES: dict[str, Case] = {
         [f"{_S0}.h5", "/images"],
         (_HEAD, _VERIFY),
     ),
+    "images-other-shape": Case(  # a row size the reader's buffers were not made for
+        "raw-hdf5",
+        _h5(_recreate("images", lambda f: np.zeros((len(f["crc32"]), 9, 9, 3), np.uint8))),
+        [f"{_S0}.h5", "/images"],
+        (_VERIFY,),  # --head lists records as they claim to be
+    ),
     "format-code": Case(
         "hdf5",
         _h5(lambda f: _put(f, "formats", 3, 200)),

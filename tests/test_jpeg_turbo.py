@@ -17,6 +17,10 @@ from PIL import Image
 
 from packer import imaging, jpeg_turbo
 
+# Which path ran is asserted only where the fast path is on (Pillow on libjpeg-turbo, as in
+# its wheels); the pixels are compared everywhere.
+TURBO = jpeg_turbo.ENABLED
+
 
 def _jpeg(mode: str, size: tuple[int, int], seed: int = 0, **save: object) -> bytes:
     """A JPEG with real detail (noise over gradients), so every DCT coefficient matters."""
@@ -46,7 +50,9 @@ JPEGS = {
     "rgb 4:2:2": _jpeg("RGB", (64, 48), subsampling=1),
     "rgb 4:4:4 quality 100": _jpeg("RGB", (50, 70), subsampling=0, quality=100),
     "rgb progressive": _jpeg("RGB", (120, 90), progressive=True),
-    "rgb optimized, restart markers": _jpeg("RGB", (97, 61), optimize=True, restart_marker_blocks=2),
+    "rgb optimized, restart markers": _jpeg(
+        "RGB", (97, 61), optimize=True, restart_marker_blocks=2
+    ),
     "rgb 1x1": _jpeg("RGB", (1, 1)),
     "grey": _jpeg("L", (77, 33)),
     "grey progressive": _jpeg("L", (40, 41), progressive=True),
@@ -60,7 +66,8 @@ def test_pixels_are_pillows(name: str, mode: str) -> None:
     file_mode = _file_mode(data)
     fast = (file_mode, imaging.output_mode(file_mode, False, mode)) != ("RGB", "L")
     # The path taken is the one expected: libjpeg-turbo for every pair but colour -> grey.
-    assert (jpeg_turbo.decode(data, file_mode, imaging.output_mode(file_mode, False, mode)) is not None) == fast
+    wanted = imaging.output_mode(file_mode, False, mode)
+    assert (jpeg_turbo.decode(data, file_mode, wanted) is not None) == (fast and TURBO)
     pixels = imaging.decode_array(data, mode)
     assert pixels.dtype == np.uint8 and pixels.flags.writeable and pixels.flags.c_contiguous
     assert np.array_equal(pixels, _pillow(data, mode))
@@ -74,11 +81,18 @@ def test_exif_orientation_matches_pillows_transpose(orientation: int) -> None:
     out = io.BytesIO()
     Image.fromarray(stored).save(out, "JPEG", exif=exif, quality=95)
     data = out.getvalue()
-    assert jpeg_turbo.decode(data, "RGB", "RGB") is not None
+    assert (jpeg_turbo.decode(data, "RGB", "RGB") is not None) == TURBO
     pixels = imaging.decode_array(data)
     assert pixels.shape == EXIF_DISPLAY[orientation](stored).shape
     assert pixels.flags.c_contiguous and pixels.flags.writeable
     assert np.array_equal(pixels, _pillow(data, "RGB"))
+
+
+def test_off_where_pillow_is_not_on_libjpeg_turbo(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = JPEGS["rgb 4:2:0 odd size"]
+    monkeypatch.setattr(jpeg_turbo, "ENABLED", False)
+    assert jpeg_turbo.decode(data, "RGB", "RGB") is None
+    assert np.array_equal(imaging.decode_array(data), _pillow(data, "RGB"))
 
 
 def test_cmyk_is_left_to_pillow() -> None:

@@ -248,6 +248,10 @@ def _read_rows(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | N
     than the pixels of a small chunk (47 raw 64x64 rows: 1.33x the rate this way)."""
     shape = (stop - start, *dataset.shape[1:])
     rows = np.empty(shape, dataset.dtype) if out is None else out[: stop - start]
+    if rows.shape != shape:  # HDF5 would write past the buffer's end: h5py checks nothing here
+        raise ValueError(
+            f"{dataset.name} holds rows of {shape[1:]}, the store's shape is {rows.shape[1:]}"
+        )
     if stop > start:
         file_space = dataset.id.get_space()
         file_space.select_hyperslab((start,) + (0,) * (len(shape) - 1), shape)
