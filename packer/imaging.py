@@ -33,6 +33,7 @@ __all__ = [
     "verify",
     "decode",
     "decode_array",
+    "decoded_shape",
     "CHANNELS",
     "output_mode",
     "normalize_mode",
@@ -194,13 +195,39 @@ def decode_array(
     """``to_array(decode(source, mode, max_pixels)[0], writable)``, with a JPEG's pixels
     decoded by libjpeg-turbo straight into the array where that gives Pillow's pixels
     (``packer.jpeg_turbo``): faster, and free of the GIL."""
-    with _open(source, max_pixels) as im:
-        if im.format == "JPEG":
-            pixels = jpeg_turbo.decode(source, im.mode, output_mode(im.mode, False, mode))
-            if pixels is not None:
-                return jpeg_turbo.upright(pixels, _orientation(im))
+    turbo = _decoded_by_turbo(source, mode, max_pixels)
+    if turbo is not None:
+        return jpeg_turbo.upright(*turbo)
     im, _ = decode(source, mode, max_pixels)
     return to_array(im, writable)
+
+
+def decoded_shape(
+    source: bytes | memoryview, mode: str = "RGB", max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[int, ...]:
+    """The shape of ``decode_array(source, mode, max_pixels)``, from a full decode that makes
+    no array of what Pillow decodes: the check of a stored image."""
+    turbo = _decoded_by_turbo(source, mode, max_pixels)
+    if turbo is not None:  # upright without turning the pixels
+        (height, width, channels), orientation = turbo[0].shape, turbo[1]
+        return (width, height, channels) if orientation >= 5 else (height, width, channels)
+    im, _ = decode(source, mode, max_pixels)
+    return (im.height, im.width, CHANNELS[im.mode])
+
+
+def _decoded_by_turbo(
+    source: bytes | memoryview, mode: str, max_pixels: int
+) -> tuple[np.ndarray, int] | None:
+    """A JPEG's pixels in ``mode`` from libjpeg-turbo, as stored, and its EXIF orientation;
+    or None: not a JPEG (by Pillow's own test of the first bytes, so other formats are
+    opened once), or one that Pillow must decode itself."""
+    if bytes(source[:3]) != b"\xff\xd8\xff":
+        return None
+    with _open(source, max_pixels) as im:
+        if im.format != "JPEG":
+            return None
+        pixels = jpeg_turbo.decode(source, im.mode, output_mode(im.mode, False, mode))
+        return None if pixels is None else (pixels, _orientation(im))
 
 
 def decode_resized(

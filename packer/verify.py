@@ -360,7 +360,7 @@ def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: i
         ok = stored[2] in _channels(mode)
         return None if ok else f"shape {_shape(stored)} is not {mode} pixels"
     try:
-        decoded = imaging.decode_array(bytes(payload), mode, max_pixels, writable=False).shape
+        decoded = imaging.decoded_shape(bytes(payload), mode, max_pixels)
     except Exception as e:  # noqa: BLE001 - any decoder error means the record is unusable
         return f"does not decode: {type(e).__name__}: {e}"
     if decoded != stored:

@@ -71,6 +71,7 @@ def test_pixels_are_pillows(name: str, mode: str) -> None:
     pixels = imaging.decode_array(data, mode)
     assert pixels.dtype == np.uint8 and pixels.flags.writeable and pixels.flags.c_contiguous
     assert np.array_equal(pixels, _pillow(data, mode))
+    assert imaging.decoded_shape(data, mode) == pixels.shape
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
@@ -86,6 +87,7 @@ def test_exif_orientation_matches_pillows_transpose(orientation: int) -> None:
     assert pixels.shape == EXIF_DISPLAY[orientation](stored).shape
     assert pixels.flags.c_contiguous and pixels.flags.writeable
     assert np.array_equal(pixels, _pillow(data, "RGB"))
+    assert imaging.decoded_shape(data) == pixels.shape  # turned without turning pixels
 
 
 def test_off_where_pillow_is_not_on_libjpeg_turbo(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,6 +95,21 @@ def test_off_where_pillow_is_not_on_libjpeg_turbo(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(jpeg_turbo, "ENABLED", False)
     assert jpeg_turbo.decode(data, "RGB", "RGB") is None
     assert np.array_equal(imaging.decode_array(data), _pillow(data, "RGB"))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "keep"])
+def test_other_formats_are_pillows_alone(mode: str) -> None:
+    rgba = np.random.default_rng(3).integers(0, 256, (13, 21, 4), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(rgba).save(out, "PNG")
+    data = out.getvalue()
+    pixels = imaging.decode_array(data, mode)
+    assert np.array_equal(pixels, _pillow(data, mode))
+    assert (
+        imaging.decoded_shape(data, mode)
+        == pixels.shape
+        == (13, 21, 4 if mode == "keep" else 3 if mode == "RGB" else 1)
+    )
 
 
 def test_cmyk_is_left_to_pillow() -> None:
