@@ -1,11 +1,11 @@
 """CRC-32 checks of many fixed-size rows (raw pixels) in one pass.
 
-Checking each row with its own ``zlib.crc32`` call releases and retakes the GIL once per
-row; beside a busy Python thread each retake can wait a whole switch interval (5 ms), so a
+Checking each row with its own CRC-32 call releases and retakes the GIL once per row;
+beside a busy Python thread each retake can wait a whole switch interval (5 ms), so a
 window of small rows checks at a few hundred rows a second. CRC-32 is linear: the CRC of
-rows laid end to end follows from the rows' stored CRCs. One zlib pass over the whole
-block, one release of the GIL, checks them all; only a mismatch pays for finding the bad
-rows one by one.
+rows laid end to end follows from the rows' stored CRCs. One pass over the whole block,
+one release of the GIL, checks them all; only a mismatch pays for finding the bad rows one
+by one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One-pass CRC-32 checks of fixed-size rows, against zlib row by row."""
+"""CRC-32: packer's checksum against zlib's, and one-pass checks of fixed-size rows."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import zlib
 import numpy as np
 import pytest
 
+from packer import record
+from packer.record import checksum
 from packer.row_checks import each_row_intact, joined_crc, rows_intact
 
 
@@ -51,3 +53,19 @@ def test_rows_that_are_not_contiguous_are_checked_one_by_one() -> None:
     assert not every_other.flags.c_contiguous
     assert rows_intact(every_other, crc32[::2]).all()
     assert rows_intact(rows[:0], crc32[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 4096, 5 * 1024 + 1, 1 << 20])
+def test_checksum_gives_zlibs_values(size: int) -> None:
+    """Stores are checked with ISA-L's CRC-32 where it is installed and zlib's elsewhere, so
+    the two must agree on every value: bytes, views at an odd offset, array rows."""
+    data = np.random.default_rng(size).integers(0, 256, size + 3, dtype=np.uint8)
+    assert checksum(data.tobytes()) == zlib.crc32(data.tobytes())
+    view = memoryview(data.tobytes())[3:]
+    assert checksum(view) == zlib.crc32(view)
+    assert checksum(data[3:].data) == zlib.crc32(data[3:].tobytes())
+
+
+def test_the_fast_crc_is_used_where_it_is_installed() -> None:
+    isal_zlib = pytest.importorskip("isal.isal_zlib", reason="isal has no wheel for this platform")
+    assert record._crc32 is isal_zlib.crc32
