@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 from packer import imaging
@@ -99,18 +100,24 @@ def prepare_file(path: Path, options: PackOptions, keep_bytes: bool = False) -> 
 
 
 def _transform(data: bytes, options: PackOptions) -> Prepared:
+    if options.raw and options.max_side is None and options.size is None:
+        # Pixels as they are: a JPEG's straight from libjpeg-turbo, no Pillow image between.
+        return _raw(imaging.decode_array(data, options.mode, options.max_pixels))
     im = imaging.decode_resized(
         data, options.mode, options.max_pixels, options.max_side, options.size, options.fit
     )
     if options.raw:
-        pixels = imaging.to_array(im)
-        payload = pixels.tobytes()
-        height, width, channels = pixels.shape
-        return Prepared(payload, checksum(payload), (height, width, channels), "raw")
+        return _raw(imaging.to_array(im))
     encoding = options.encoding or "jpeg"
     payload = imaging.encode(im, encoding, options.quality)
     channels = imaging.CHANNELS[im.mode] if encoding != "jpeg" or im.mode == "L" else 3
     return Prepared(payload, checksum(payload), (im.height, im.width, channels), encoding.upper())
+
+
+def _raw(pixels: np.ndarray) -> Prepared:
+    payload = pixels.tobytes()
+    height, width, channels = pixels.shape
+    return Prepared(payload, checksum(payload), (height, width, channels), "raw")
 
 
 def _shape(info: imaging.ImageInfo, mode: str) -> tuple[int, int, int]:

@@ -11,10 +11,11 @@ bytes), for each backend:
      pre-started pool of all cores reads and decodes every file once with Pillow
      (``Image.open(io.BytesIO(b)).load()``, files passed by path); the wall time of both
      running concurrently. Shown too, the same with JPEGs decoded by libjpeg-turbo straight
-     into NumPy (simplejpeg), as packer's check decodes them. The pool is started before the clock (packer's pool start-up
-     counts against packer) and shut down after it, so that packs run, as from the CLI, in
-     a process with no other threads (with threads about, packer starts its workers with
-     forkserver rather than fork: ~0.2 s more per pack here).
+     into NumPy (simplejpeg), as packer's check decodes them. The pool is started before
+     the clock (packer's pool start-up counts against packer) and shut down after it, so
+     that packs run, as from the CLI, in a process with no other threads (with threads
+     about, packer starts its workers with forkserver rather than fork: ~0.2 s more per
+     pack here).
   3. re-encode (``max_side=128``, JPEG out) at ``workers=1`` vs ``workers=0`` (all cores).
   4. store size: sum of ``manifest.shards[*].bytes`` / sum of source file sizes; the
      manifest's own size apart.

@@ -10,8 +10,9 @@ compares runs made side by side. Reader runs: batch 256, shuffle=True, one epoch
      verify=False vs the LIMIT, a bare read of the same shard files: an LMDB cursor walk
      copying every value into bytes, or h5py ``images[a:b]`` in slices of the reader's chunk
      size, each read into one reused array by HDF5's own call (``dataset.id.read``), as the
-     reader reads them: h5py's slicing builds its selection in Python, ~45 us a call. Each run reads --raw-epochs epochs (they are short). Target >= 0.9x. Shown too,
-     the floors under any shuffling reader, as bare loops: the same reads copied into a
+     reader reads them: h5py's slicing builds its selection in Python, ~45 us a call. Each
+     run reads --raw-epochs epochs (they are short). Target >= 0.9x. Shown too, the floors
+     under any shuffling reader, as bare loops: the same reads copied into a
      window of buffer_chunks chunks that stays in memory, and that plus copying each window
      out again, in a random order, into batch arrays.
   2. original bytes (default storage) vs the DECODE LIMIT: a thread pool of all cores decoding

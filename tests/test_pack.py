@@ -59,6 +59,10 @@ def test_raw_pixels_equal_pillow_decode_with_exif(tmp_path: Path, backend: str) 
     exif[0x0112] = 6
     (root / "b").mkdir()
     Image.fromarray(pixels).save(root / "b" / "turned.png", exif=exif)
+    exif[0x0112] = 8  # a JPEG: its pixels come from libjpeg-turbo, turned as Pillow turns them
+    Image.fromarray(np.kron(pixels, np.ones((4, 4, 1), np.uint8))).save(
+        root / "b" / "turned.jpg", exif=exif, quality=90
+    )
     out = store_path(tmp_path, backend)
     pack(root, out, _options(backend, raw=True))
     with open_store(out) as store:
@@ -68,6 +72,7 @@ def test_raw_pixels_equal_pillow_decode_with_exif(tmp_path: Path, backend: str) 
             expected = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
         assert np.array_equal(image, expected)
     assert by_path["b/turned.png"].shape == (9, 4, 3)  # upright: width and height swapped
+    assert by_path["b/turned.jpg"].shape == (36, 16, 3)
 
 
 def test_raw_fixed_size_in_hdf5_is_one_n_h_w_c_array(image_dir: Path, tmp_path: Path) -> None:
