@@ -4,7 +4,7 @@
                                                                          (verify, decode, collate)
 
 ``read_window`` and ``gather`` run in the reader's producer thread; ``finish_batch`` runs in
-its pool of decode threads (zlib and Pillow release the GIL for the heavy part).
+its pool of decode threads (CRC-32, libjpeg-turbo and Pillow release the GIL for the heavy part).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def read_window(
     For raw pixels of one shape the records land in one (n, h, w, c) array: ``reuse`` (the
     previous window's array, once nothing refers to it) saves allocating and faulting in a
     new one per window. With ``verify`` their CRC-32s are checked as the window is read, in
-    one zlib pass (see row_checks), into the window's ``intact``.
+    one CRC-32 pass (see row_checks), into the window's ``intact``.
     """
     total = sum(len(s) for s in spans)
     out = None

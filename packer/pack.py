@@ -355,7 +355,7 @@ def _read_ahead(
 ) -> Iterator[list[Record | Skipped]]:
     """The records of ``items`` in order, in pieces of at most one pool task and _PIECE_BYTES
     (or a single record), so that the writer gets each piece as soon as it is read; runs in
-    the read-ahead thread (reads and zlib release the GIL)."""
+    the read-ahead thread (reads and CRC-32 release the GIL)."""
     done = 0
     for results in tasks:
         piece: list[Record | Skipped] = []

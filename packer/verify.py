@@ -329,7 +329,7 @@ def _one_by_one(
 def _suspects(block: Block, mode: str, decode: bool) -> Sequence[int]:
     """The records of ``block`` that _record_problem must look at: all of them, but of raw
     pixels in one array only those that fail a checksum or shape test made for all at once
-    (one zlib pass, see row_checks), which a healthy store makes none."""
+    (one CRC-32 pass, see row_checks), which a healthy store makes none."""
     if not isinstance(block.data, np.ndarray):
         return range(len(block))
     healthy = rows_intact(block.data, block.crc32)
