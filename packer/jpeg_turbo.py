@@ -10,7 +10,8 @@ for byte (tests/test_jpeg_turbo.py).
 Only pixels come from here. Pillow still parses every header (format, size, mode, EXIF,
 the pixel limit) and has the last word on any file this path declines or fails. Where
 Pillow itself is built on another JPEG library (IJG's libjpeg 9 upsamples chroma its own
-way), this path is off, so pixels never depend on which decoder ran.
+way), this path is off, so pixels never depend on which decoder ran; so it is where
+simplejpeg has no wheel to install.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import simplejpeg
 from PIL import features
+
+try:
+    import simplejpeg
+except ImportError:  # a platform without its wheels (see pyproject): Pillow decodes everything
+    simplejpeg = None
 
 __all__ = ["ENABLED", "decode", "upright"]
 
-ENABLED = bool(features.check_feature("libjpeg_turbo"))
+ENABLED = simplejpeg is not None and bool(features.check_feature("libjpeg_turbo"))
 
 # (Pillow's mode of the file, the mode wanted) -> libjpeg-turbo's output colour space.
 # Not L from colour: Pillow's RGB -> L weights are not libjpeg's luma channel. Not CMYK:

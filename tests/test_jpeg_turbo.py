@@ -8,6 +8,8 @@ should be fast cannot quietly fall back and pass.
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +171,33 @@ def test_corpus_jpegs_decode_as_pillow_decodes_them(mode: str) -> None:
         else:
             assert fast[1] == slow[1], path.name
         assert _outcome(lambda data=data: imaging.verify(data))[0] == slow[0], path.name
+
+
+def test_packer_runs_without_its_accelerators(tmp_path: Path) -> None:
+    """Where simplejpeg and isal have no wheels they are not installed: packer imports, packs
+    and reads with Pillow and zlib alone, to the same pixels and checksums."""
+    source = tmp_path / "images" / "a"
+    source.mkdir(parents=True)
+    (source / "one.jpg").write_bytes(JPEGS["rgb 4:2:0 odd size"])
+    (source / "two.jpg").write_bytes(JPEGS["grey"])
+    script = f"""
+import sys, zlib
+sys.modules["simplejpeg"] = None  # import simplejpeg / isal now raise ImportError
+sys.modules["isal"] = sys.modules["isal.isal_zlib"] = None
+import numpy as np
+from packer import PackOptions, jpeg_turbo, open_store, pack, record
+assert not jpeg_turbo.ENABLED and record._crc32 is zlib.crc32
+pack({str(tmp_path / "images")!r}, {str(tmp_path / "out.lmdb")!r}, PackOptions(seed=0, workers=1))
+with open_store({str(tmp_path / "out.lmdb")!r}) as store:
+    for i in range(len(store)):
+        np.save(sys.stdout.buffer, store[i][0])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    out = io.BytesIO(done.stdout)
+    got = sorted((np.load(out) for _ in range(2)), key=lambda a: a.shape)
+    want = sorted(
+        (imaging.decode_array(JPEGS[name]) for name in ("rgb 4:2:0 odd size", "grey")),
+        key=lambda a: a.shape,
+    )
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
