@@ -502,13 +502,16 @@ def sample():
         for k in peak: peak[k] = max(peak[k], now[k])
 before, images = status(), 0
 threading.Thread(target=sample, daemon=True).start()
+started = time.perf_counter()
 with open_reader(sys.argv[1], **json.loads(sys.argv[2])) as reader:
     for batch, _ in reader:
         images += len(batch)
     chunk = reader.chunk_size
+seconds = time.perf_counter() - started
 done.set()
 print(json.dumps({"before": before["VmRSS"], "hwm": status()["VmHWM"], "anon": peak["RssAnon"],
-                  "file": peak["RssFile"], "images": images, "chunk_size": chunk}))
+                  "file": peak["RssFile"], "images": images, "chunk_size": chunk,
+                  "images_per_s": images / seconds}))
 """
 
 
@@ -576,15 +579,16 @@ def render(report: dict[str, Any]) -> str:
             "",
             "memory, MB: VmHWM = peak RSS; before = RSS before open_reader; peak anon / file = "
             "peak RssAnon / RssFile (sampled every ms); formula = buffer_chunks 8 x chunk x "
-            "record + (prefetch 4 + workers 2 + 2) x batch bytes, on top of 'before'",
+            "record + (prefetch 4 + workers 2 + 2) x batch bytes, on top of 'before'; img/s = "
+            "one epoch in that process, once (shown, not judged)",
             f"{'backend':<8}{'images':>8}{'chunk':>7}{'VmHWM':>8}{'before':>8}{'anon':>8}"
-            f"{'file':>8}{'formula':>9}",
+            f"{'file':>8}{'formula':>9}{'img/s':>10}",
         ]
         for r in memory["rows"]:
             mb = [f"{r[k] / 1e6:>8.1f}" for k in ("hwm", "before", "anon", "file")]
             lines.append(
                 f"{r['backend']:<8}{r['images']:>8}{r['chunk_size']:>7}{''.join(mb)}"
-                f"{r['formula'] / 1e6:>9.1f}"
+                f"{r['formula'] / 1e6:>9.1f}{r['images_per_s']:>10,.0f}"
             )
     lines.append("")
     for t in report["targets"] + (memory["targets"] if memory else []):

@@ -183,29 +183,39 @@ def _with_chunk_cache(f: h5py.File, name: str) -> h5py.Dataset:
 # packs at most 1032 bytes into one (lzf fewer). HDF5 reads chunks never written as zeros, so a
 # hostile dataset shape would otherwise ask for terabytes.
 _MAX_RATIO = {None: 1, "gzip": 1032, "lzf": 1032}
-# Records whose small columns a reader reads in one go: reading them per block cost five HDF5
-# calls per chunk, more than the pixels of small raw records. Paths take fewer: h5py reads
-# each variable-length string into its own allocation (16 MB of heap for 65,536 paths).
+# Records whose small columns a reader reading in order reads in one go: reading them per
+# block cost five HDF5 calls per chunk, more than the pixels of small raw records. Paths take
+# fewer: h5py reads each variable-length string into its own allocation (16 MB of heap for
+# 65,536 paths).
 SPAN = 1 << 16
 PATH_SPAN = 1 << 12
 
 
 class _Spans:
-    """Slices of a few columns, read ``span`` rows at a time and the last span kept."""
+    """Slices of a few columns, read ``span`` rows at a time and the last span kept, once a
+    second block in a row falls in the same span. Blocks scattered over a large shard (a
+    shuffled epoch) are read as they are: a span re-read for each would cost more than the
+    block's own pixels."""
 
     def __init__(self, columns: tuple[h5py.Dataset, ...], span: int) -> None:
         self._columns, self._span = columns, span
         self._kept: tuple[int, tuple[np.ndarray, ...]] | None = None
+        self._last = -1  # the span of the last block read
 
     def read(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
         first = start - start % self._span
-        if stop > first + self._span:  # a block across spans: read as it is
+        last, self._last = self._last, first
+        if stop > first + self._span or (first != last and not self._holds(first)):
             return tuple(c[start:stop] for c in self._columns)
-        if self._kept is None or self._kept[0] != first:
+        if not self._holds(first):
             end = first + self._span
             self._kept = (first, tuple(c[first:end] for c in self._columns))
+        assert self._kept is not None
         a, b = start - first, stop - first
         return tuple(c[a:b] for c in self._kept[1])
+
+    def _holds(self, first: int) -> bool:
+        return self._kept is not None and self._kept[0] == first
 
 
 def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
