@@ -205,17 +205,16 @@ class _Spans:
     def read(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
         first = start - start % self._span
         last, self._last = self._last, first
-        if stop > first + self._span or (first != last and not self._holds(first)):
+        if stop > first + self._span:  # a block across spans: read as it is
             return tuple(c[start:stop] for c in self._columns)
-        if not self._holds(first):
+        kept = self._kept
+        if kept is None or kept[0] != first:
+            if first != last:  # a lone block from this span (scattered reads): as it is
+                return tuple(c[start:stop] for c in self._columns)
             end = first + self._span
-            self._kept = (first, tuple(c[first:end] for c in self._columns))
-        assert self._kept is not None
+            kept = self._kept = (first, tuple(c[first:end] for c in self._columns))
         a, b = start - first, stop - first
-        return tuple(c[a:b] for c in self._kept[1])
-
-    def _holds(self, first: int) -> bool:
-        return self._kept is not None and self._kept[0] == first
+        return tuple(c[a:b] for c in kept[1])
 
 
 def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
