@@ -26,9 +26,19 @@ try:
 except ImportError:  # a platform without its wheels (see pyproject): Pillow decodes everything
     simplejpeg = None
 
-__all__ = ["ENABLED", "decode", "upright"]
+__all__ = ["ENABLED", "decode", "upright", "why_off"]
 
 ENABLED = simplejpeg is not None and bool(features.check_feature("libjpeg_turbo"))
+
+
+def why_off() -> str | None:
+    """None where this path decodes JPEGs, else why Pillow decodes them all."""
+    if simplejpeg is None:
+        return "simplejpeg is not installed (no wheel for this platform)"
+    if not ENABLED:
+        return "Pillow is not built on libjpeg-turbo"
+    return None
+
 
 # (Pillow's mode of the file, the mode wanted) -> libjpeg-turbo's output colour space.
 # Not L from colour: Pillow's RGB -> L weights are not libjpeg's luma channel. Not CMYK:

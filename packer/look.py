@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from packer import jpeg_turbo
 from packer.access import Store
 from packer.errors import UsageError
 from packer.reader import open_reader
-from packer.record import Record, checksum
+from packer.record import CRC32_BY, Record, checksum
 
 __all__ = [
     "LABEL_STRIP",
@@ -384,6 +385,9 @@ def bench_store(store: StoreLike, *, seconds: float = 5.0, batch_size: int = 256
     The operating system's page cache is not dropped: a store read moments ago (the first
     pass warms it for the second) reads at memory speed, not at disk speed.
 
+        accelerators   what decodes JPEGs ("libjpeg-turbo", or "Pillow: " and why) and what
+                       computes CRC-32s ("ISA-L" or "zlib") in this process
+
     Raises:
         UsageError: ``seconds`` not positive or ``batch_size`` not a positive integer.
     """
@@ -421,4 +425,15 @@ def bench_store(store: StoreLike, *, seconds: float = 5.0, batch_size: int = 256
         "mb_per_s": float(stats["mb_per_s"]),
         "complete": int(stats["images"]) == n,
     }
-    return {"records": n, "batch_size": batch_size, "sequential": sequential, "decoded": decoded}
+    off = jpeg_turbo.why_off()
+    accelerators = {
+        "jpeg": "libjpeg-turbo" if off is None else f"Pillow: {off}",
+        "crc32": CRC32_BY,
+    }
+    return {
+        "records": n,
+        "batch_size": batch_size,
+        "sequential": sequential,
+        "decoded": decoded,
+        "accelerators": accelerators,
+    }

@@ -18,12 +18,16 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["Record", "Block", "checksum", "pack_value", "unpack_value"]
+__all__ = ["Record", "Block", "CRC32_BY", "checksum", "pack_value", "unpack_value"]
 
 try:  # ISA-L's CRC-32: zlib's polynomial and values, several times zlib's speed
     from isal.isal_zlib import crc32 as _crc32
+
+    CRC32_BY = "ISA-L"
 except ImportError:  # a platform without its wheels (pyproject installs it where they exist)
     from zlib import crc32 as _crc32
+
+    CRC32_BY = "zlib"
 
 _LENGTH = struct.Struct("<I")
 # A meta block is a few hundred bytes; anything larger is damage, not data.

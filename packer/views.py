@@ -160,6 +160,8 @@ def print_look(action: str, result: Any) -> None:
                 f"  ({part['images']:,} images in {part['seconds']:.1f}s"
                 f"{'' if part['complete'] else ', cut short'})"
             )
+        fast = result["accelerators"]
+        echo(f"JPEGs decoded by {fast['jpeg']}; CRC-32 by {fast['crc32']}")
 
 
 def _print_shuffle(result: dict[str, Any]) -> None:

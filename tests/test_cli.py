@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
+from packer import jpeg_turbo, record
 from packer.cli import cli
 from packer.terminal import ProgressLine
 
@@ -257,3 +258,14 @@ def test_unpack_and_convert_commands(image_dir: Path, tmp_path: Path) -> None:
     assert code == 0 and json.loads(text)["backend"] == "hdf5" and json.loads(text)["records"] == 21
     code, _, err = run("convert", str(out), str(tmp_path / "o.h5"))
     assert code == 1 and "already exists" in err
+
+
+def test_inspect_bench_says_what_decodes_and_checks(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.lmdb"
+    assert run("pack", str(image_dir), str(out), "--seed", "0", "--workers", "2")[0] == 0
+    code, text, _ = run("inspect", str(out), "--bench")
+    assert code == 0 and "sequential" in text and "decoded" in text
+    wanted = "libjpeg-turbo" if jpeg_turbo.ENABLED else "Pillow: "
+    assert f"JPEGs decoded by {wanted}" in text and f"CRC-32 by {record.CRC32_BY}" in text
+    code, text, _ = run("inspect", str(out), "--bench", "--json")
+    assert code == 0 and json.loads(text)["accelerators"]["crc32"] == record.CRC32_BY

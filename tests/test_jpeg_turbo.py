@@ -186,7 +186,8 @@ sys.modules["simplejpeg"] = None  # import simplejpeg / isal now raise ImportErr
 sys.modules["isal"] = sys.modules["isal.isal_zlib"] = None
 import numpy as np
 from packer import PackOptions, jpeg_turbo, open_store, pack, record
-assert not jpeg_turbo.ENABLED and record._crc32 is zlib.crc32
+assert not jpeg_turbo.ENABLED and record._crc32 is zlib.crc32 and record.CRC32_BY == "zlib"
+assert jpeg_turbo.why_off().startswith("simplejpeg is not installed")
 pack({str(tmp_path / "images")!r}, {str(tmp_path / "out.lmdb")!r}, PackOptions(seed=0, workers=1))
 with open_store({str(tmp_path / "out.lmdb")!r}) as store:
     for i in range(len(store)):

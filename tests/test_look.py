@@ -3,6 +3,7 @@ and the throughput bench. Tiles are recomputed from the source files, independen
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from conftest import store_path, write_image
 from PIL import Image, ImageDraw, ImageFont
 
-from packer import PackOptions, open_reader, open_store, pack
+from packer import PackOptions, jpeg_turbo, open_reader, open_store, pack, record
 from packer.errors import UsageError
 from packer.look import (
     LABEL_STRIP,
@@ -296,6 +297,11 @@ def test_bench_store(shuffled: Path) -> None:
         assert figures["images"] == N and figures["complete"] is True, figures
         assert figures["images_per_s"] > 0 and figures["mb_per_s"] > 0
         assert figures["seconds"] > 0
+    fast = result["accelerators"]  # what this process uses, so a slow decode can be explained
+    assert fast["crc32"] == ("zlib" if record._crc32 is zlib.crc32 else "ISA-L")
+    assert (fast["jpeg"] == "libjpeg-turbo") == jpeg_turbo.ENABLED
+    if not jpeg_turbo.ENABLED:
+        assert fast["jpeg"].startswith("Pillow: ")
 
 
 def test_bench_store_stops_early(shuffled: Path) -> None:
