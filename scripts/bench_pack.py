@@ -116,7 +116,7 @@ def decode_files(paths: list[str], turbo: bool) -> int:
     for path in paths:
         with open(path, "rb") as f:
             data = f.read()
-        if turbo and data[:2] == b"\xff\xd8":
+        if turbo and data[:3] == b"\xff\xd8\xff":  # Pillow's own test for a JPEG
             pixels += simplejpeg.decode_jpeg(data, "RGB").size // 3
             continue
         im = Image.open(io.BytesIO(data))

@@ -282,7 +282,7 @@ def decode_all(payloads: list[bytes]) -> None:
 def decode_all_turbo(payloads: list[bytes]) -> None:
     """JPEGs by libjpeg-turbo straight into NumPy (simplejpeg), the rest by Pillow."""
     for payload in payloads:
-        if payload[:2] == b"\xff\xd8":
+        if payload[:3] == b"\xff\xd8\xff":  # Pillow's own test for a JPEG
             simplejpeg.decode_jpeg(payload, "RGB")
         else:
             np.asarray(Image.open(io.BytesIO(payload)).convert("RGB"))
