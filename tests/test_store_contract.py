@@ -13,7 +13,7 @@ import pytest
 import tables
 
 from packer.record import Record, checksum, unpack_value
-from packer.store import ShardMeta, open_shard_reader, open_shard_writer, shard_name
+from packer.store import ShardMeta, hdf5_store, open_shard_reader, open_shard_writer, shard_name
 from packer.store.hdf5_store import PATH_SPAN, SPAN, _Spans
 from packer.store.lmdb_store import GROUP, LmdbShardWriter
 
@@ -115,6 +115,26 @@ def test_raw_pixels_of_one_shape_read_back_in_any_block(
     reader.close()
 
 
+@pytest.mark.parametrize("shape, n", [(None, 40), ((2, 3, 3), 700), ((60, 60, 3), 20)])
+def test_hdf5_payloads_across_and_beyond_the_staging_array(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: tuple[int, int, int] | None, n: int
+) -> None:
+    """The writer stages payloads in one reused array: records that do not fit what is left
+    of it, and records larger than all of it (60x60x3 rows; one 25 KB payload), are written
+    whole and in order."""
+    monkeypatch.setattr(hdf5_store, "_FLUSH_BYTES", 10_000)
+    path = tmp_path / "shard-00000.h5"
+    records = _records(n, shape=shape)
+    if shape is None:
+        big = bytes(range(256)) * 100
+        records[17] = Record(big, (0, 0), "big.png", checksum(big), (1, 1, 3), "PNG")
+    _write("hdf5", path, records, ShardMeta(0, 2, raw_shape=list(shape) if shape else None))
+    reader = open_shard_reader("hdf5", path)
+    block = reader.read_block(0, n)
+    assert all(_same(block.record(i), records[i]) for i in range(n))
+    reader.close()
+
+
 def test_lmdb_raw_pixels_of_one_shape_are_plain_values(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.lmdb"
     records = _records(20, shape=(2, 3, 3))
@@ -151,15 +171,15 @@ def test_lmdb_columns_name_a_missing_record_wherever_it_is(tmp_path: Path, gone:
 
 def test_lmdb_map_grows_and_replays_without_losing_records(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.lmdb"
-    records = _records(300)  # ~750 KB into a 64 KB map: several doublings
+    records = _records(900)  # ~2.2 MB into a 64 KB map: doublings in several transactions
     writer = LmdbShardWriter(path, ShardMeta(0, 2), map_size=64 << 10)
     for record in records:
         writer.append(record)
     writer.close()
-    assert writer.map_growths >= 3
+    assert writer.map_growths >= 5
     reader = open_shard_reader("lmdb", path)
-    block = reader.read_block(0, 300)
-    assert all(_same(block.record(i), records[i]) for i in range(300))
+    block = reader.read_block(0, 900)
+    assert all(_same(block.record(i), records[i]) for i in range(900))
     payload = sum(len(r.data) for r in records)
     assert path.stat().st_size < 2 * payload  # the file holds data, not the reserved map
 
