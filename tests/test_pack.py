@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -264,6 +265,42 @@ def test_kept_bytes_are_read_once_and_still_checked_against_the_scan(tmp_path: P
     assert to_record(tmp_path, grown, kept, original=True) == Skipped(
         "a.jpg", "file changed while packing"
     )
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+def test_every_file_is_announced_to_the_kernel_before_it_is_read(
+    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each task's files get a WILLNEED hint as the task goes to the pool, so cold reads are
+    in flight early; a hint never blocks (a FIFO) nor fails a pack (a missing file)."""
+    from packer.pack import _will_read
+
+    hinted: list[str] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_WILLNEED
+        hinted.append(os.readlink(f"/proc/self/fd/{fd}") if Path("/proc/self").exists() else "")
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", spy)
+    result = pack(image_dir, tmp_path / "out.lmdb", PackOptions(seed=0, workers=1))
+    assert len(hinted) == result.manifest.num_records + len(result.skipped)
+    if Path("/proc/self").exists():
+        assert sorted(hinted) == sorted(str(p.resolve()) for p in image_dir.rglob("*.*"))
+    fifo, plain = tmp_path / "pipe.jpg", write_image(tmp_path / "a.jpg", seed=1)
+    os.mkfifo(fifo)
+    hinted.clear()
+    done = threading.Event()
+    threading.Thread(
+        target=lambda: (
+            _will_read([str(fifo), str(tmp_path / "gone.jpg"), str(plain)]),
+            done.set(),
+        ),
+        daemon=True,
+    ).start()
+    assert done.wait(10)  # returned: the FIFO did not block it, the missing file did not stop it
+    assert len(hinted) == 2  # the FIFO and the real file
 
 
 def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
