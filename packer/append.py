@@ -123,8 +123,7 @@ def grown(base: Manifest, added: Manifest) -> Manifest:
         storage=replace(base.storage, shape=shape),
         label_columns=added.label_columns,
         packer_version=added.packer_version,
-        # what the older shards need, and what the added ones do
-        format_version=max(base.format_version, added.format_version),
+        format_version=added.format_version,  # the manifest is written anew, in this format
         stats=stats.to_json(),
         skipped=base.skipped + added.skipped,
         source={**base.source, "appends": [*base.source.get("appends", []), history]},

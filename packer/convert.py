@@ -16,7 +16,7 @@ from packer.errors import (
     CorruptRecordError,
     UsageError,
 )
-from packer.manifest import Manifest, ShardInfo, Storage, format_version_for
+from packer.manifest import Manifest, ShardInfo, Storage
 from packer.options import parse_size
 from packer.record import Record
 from packer.staging import Staging
@@ -233,7 +233,6 @@ def _converted_manifest(
         num_records=sum(s.num_records for s in shards),
         shards=shards,
         storage=storage,
-        format_version=format_version_for(backend, _raw_shape(storage)),
         label_source=m.label_source,
         label_columns=m.label_columns,
         seed=m.seed,

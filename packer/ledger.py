@@ -63,7 +63,7 @@ class ShardResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ShardResult:
         return cls(
-            ShardInfo(**data["info"]),
+            ShardInfo.from_json(data["info"]),
             RecordStats.from_json(data["stats"]),
             [Skipped(path, reason) for path, reason in data["skipped"]],
             int(data["source_bytes"]),

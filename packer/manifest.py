@@ -18,14 +18,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from packer.errors import IncompleteStoreError, ManifestError
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
-    "format_version_for",
     "MANIFEST_NAME",
+    "SHARD_HASH",
     "ShardInfo",
+    "file_checksum",
     "Storage",
     "Manifest",
     "read_manifest",
@@ -34,9 +37,13 @@ __all__ = [
 ]
 
 FORMAT = "packer-store"
-# The newest format this packer reads and writes. 2: raw LMDB shards of one shape use the
-# "columns" layout (packer/store/lmdb_store.py); every other store is still written as 1.
-FORMAT_VERSION = 2
+# The format this packer writes, and the newest it reads. 2: raw LMDB shards of one shape
+# use the "columns" layout (packer/store/lmdb_store.py). 3: shard files are hashed with
+# xxh3-128, each shard's "checksum" naming its algorithm, where 1 and 2 had a "sha256".
+FORMAT_VERSION = 3
+SHARD_HASH = "xxh3_128"  # how new shard files are hashed; sha256 is still read and checked
+_HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_CHECKSUM = re.compile(r"^(xxh3_128:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
 MANIFEST_NAME = "manifest.json"
 _SHARD_NAME = re.compile(r"^shard-\d{5,}\.(lmdb|h5)$")
 _MAX_RECORDS = 1 << 40  # far beyond any real store; guards allocations sized from the manifest
@@ -50,19 +57,41 @@ class ShardInfo:
     file: str  # file name inside the store folder
     num_records: int
     bytes: int  # size of the shard file
-    sha256: str  # of the shard file
+    checksum: str  # of the shard file: "<algorithm>:<hex digest>", the algorithm SHARD_HASH
     payload_bytes: int  # sum of the records' payloads
 
     @classmethod
     def of_file(cls, path: Path, num_records: int, payload_bytes: int) -> ShardInfo:
-        """Describe a finished shard file: its size and sha256, read in 4 MB pieces."""
-        digest = hashlib.sha256()
-        size = 0
-        with open(path, "rb") as f:
-            while chunk := f.read(4 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-        return cls(path.name, num_records, size, digest.hexdigest(), payload_bytes)
+        """Describe a finished shard file: its size and checksum."""
+        size, checksum = file_checksum(path)
+        return cls(path.name, num_records, size, checksum, payload_bytes)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ShardInfo:
+        """From a manifest's (or a ledger's) shard entry; a format 1 or 2 entry's "sha256"
+        becomes the checksum "sha256:<hex>"."""
+        data = dict(data)
+        if "sha256" in data and "checksum" not in data:
+            data["checksum"] = f"sha256:{data.pop('sha256')}"
+        return cls(**data)
+
+    @property
+    def algorithm(self) -> str:
+        return self.checksum.partition(":")[0]
+
+
+def file_checksum(path: Path, algorithm: str = SHARD_HASH) -> tuple[int, str]:
+    """The size of the file at ``path`` and its checksum, "<algorithm>:<hex digest>", read
+    in 4 MB pieces into one reused buffer."""
+    digest = _HASHES[algorithm]()
+    buffer = bytearray(4 << 20)
+    view = memoryview(buffer)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+            size += n
+    return size, f"{algorithm}:{digest.hexdigest()}"
 
 
 @dataclass
@@ -134,13 +163,6 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def format_version_for(backend: str, raw_shape: object) -> int:
-    """The oldest format that reads shards of ``backend`` whose records are raw pixels of one
-    shape (``raw_shape``, or None): what a store is labelled, so older packers read it where
-    they can."""
-    return 2 if backend == "lmdb" and raw_shape is not None else 1
 
 
 def read_manifest(store: Path | str) -> Manifest:
@@ -290,7 +312,17 @@ _SPEC: dict[str, _Spec] = {
     "backend": _one_of("lmdb", "hdf5"),
     "num_records": _NAT,
     "shards": [
-        {"file": _STR, "num_records": _NAT, "bytes": _NAT, "sha256": _STR, "payload_bytes": _NAT}
+        {
+            "file": _STR,
+            "num_records": _NAT,
+            "bytes": _NAT,
+            "checksum?": (
+                lambda v: isinstance(v, str) and bool(_CHECKSUM.match(v)),
+                "xxh3_128:<32 hex digits> or sha256:<64 hex digits>",
+            ),
+            "sha256?": _STR,  # formats 1 and 2
+            "payload_bytes": _NAT,
+        }
     ],
     "storage": {
         "payload": _one_of("original", "encoded", "raw"),
@@ -396,8 +428,13 @@ def _from_json(path: Path, data: Any) -> Manifest:
     need(data.get("backend") in ("lmdb", "hdf5"), f"unknown backend {data.get('backend')!r}")
     wrong = _mismatch(data, _SPEC, "")
     need(wrong is None, f"malformed manifest: {wrong}")
+    for entry in data["shards"]:
+        need(
+            ("checksum" in entry) != ("sha256" in entry),
+            f"{entry['file']}: a shard has one checksum (format 3) or sha256 (1 and 2)",
+        )
     try:
-        shards = [ShardInfo(**s) for s in data["shards"]]
+        shards = [ShardInfo.from_json(s) for s in data["shards"]]
         storage = Storage(**data["storage"])
         fields = {k: v for k, v in data.items() if k not in ("shards", "storage")}
         manifest = Manifest(shards=shards, storage=storage, **fields)

@@ -30,7 +30,7 @@ from typing import Any
 from packer import __version__, append
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError
 from packer.ledger import Ledger, PackIdentity, ShardResult
-from packer.manifest import Manifest, format_version_for
+from packer.manifest import Manifest
 from packer.options import PackOptions
 from packer.prefetch import Prefetcher
 from packer.prepare import Prepared, Rejected, init_worker, prepare_files
@@ -466,7 +466,6 @@ def _manifest(src: Source, shards: list[ShardResult], options: PackOptions, seed
         num_records=sum(s.info.num_records for s in shards),
         shards=[s.info for s in shards],
         storage=storage(options, common_shape),
-        format_version=format_version_for(options.backend, options.fixed_shape()),
         label_source=src.label_source,
         label_columns=[c.to_json() for c in src.columns],
         seed=seed,

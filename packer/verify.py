@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from packer import imaging
-from packer.manifest import Manifest, ShardInfo, read_manifest
+from packer.manifest import Manifest, ShardInfo, file_checksum, read_manifest
 from packer.options import default_workers
 from packer.record import Block, checksum
 from packer.row_checks import rows_intact
@@ -116,7 +116,7 @@ def verify_store(
 ) -> VerifyReport:
     """Check every shard file of a store and read each of its records once, in order.
 
-    Each shard file must be present with the manifest's size and sha256, open, and hold
+    Each shard file must be present with the manifest's size and checksum, open, and hold
     the manifest's record count; each record must match its CRC-32 and, with ``decode``,
     decode to the shape stored for it. Shards are read through the backends directly, so
     a damaged one becomes a problem in the report rather than an exception.
@@ -211,7 +211,7 @@ def _files_checked_ahead(store: Path, manifest: Manifest) -> Generator[FileVerdi
 
 
 def _check_file(file: Path, info: ShardInfo, backend: str) -> tuple[bool | None, str | None]:
-    """Size and sha256 of one shard file: True if intact, False if changed, None if its
+    """Size and checksum of one shard file: True if intact, False if changed, None if its
     records cannot be read at all; and what is wrong with it, if anything."""
     try:
         size = file.stat().st_size
@@ -219,14 +219,14 @@ def _check_file(file: Path, info: ShardInfo, backend: str) -> tuple[bool | None,
             reason = f"{size:,} bytes on disk, manifest says {info.bytes:,}"
             # A short file of a mapped backend could crash even a child process to no use.
             return (None if size < info.bytes and backend in _MAPPED else False), reason
-        on_disk = ShardInfo.of_file(file, info.num_records, info.payload_bytes)
+        _, checksum = file_checksum(file, info.algorithm)
     except FileNotFoundError:
         return None, "shard file is missing"
     except OSError as e:
         return None, f"cannot read the shard file: {e.strerror or e}"
-    if on_disk.sha256 != info.sha256:
+    if checksum != info.checksum:
         # Still read (apart): the records say which of them the change damaged.
-        return False, "sha256 mismatch: the file changed after it was packed"
+        return False, f"{info.algorithm} mismatch: the file changed after it was packed"
     return True, None
 
 

@@ -80,7 +80,8 @@ def print_summary(summary: StoreSummary) -> None:
     echo("shards")
     for shard in m.shards:
         echo(
-            f"  {shard.file}  {shard.num_records:>9,} records  {human_bytes(shard.bytes):>9}  sha256 {shard.sha256[:12]}"
+            f"  {shard.file}  {shard.num_records:>9,} records  {human_bytes(shard.bytes):>9}  "
+            f"{shard.checksum[: shard.checksum.find(':') + 13]}"
         )
     for problem in summary.problems:
         echo(f"PROBLEM   {problem}", err=True)

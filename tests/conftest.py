@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 from PIL import Image
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -23,6 +24,11 @@ EXIF_DISPLAY: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     7: lambda a: np.rot90(np.fliplr(a), -1),
     8: lambda a: np.rot90(a, 1),
 }
+
+
+def shard_checksum(data: bytes) -> str:
+    """What a manifest of this format records for a shard file's bytes, computed here."""
+    return f"xxh3_128:{xxhash.xxh3_128(data).hexdigest()}"
 
 
 def image_bytes(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from pathlib import Path
 
 import pytest
+from conftest import shard_checksum
 
 from packer.errors import IncompleteStoreError, ManifestError
 from packer.manifest import (
@@ -56,8 +58,8 @@ def _manifest(**changes: object) -> Manifest:
         backend="lmdb",
         num_records=3,
         shards=[
-            ShardInfo("shard-00000.lmdb", 2, 10, "ab", 5),
-            ShardInfo("shard-00001.lmdb", 1, 10, "cd", 5),
+            ShardInfo("shard-00000.lmdb", 2, 10, "xxh3_128:" + "ab" * 16, 5),
+            ShardInfo("shard-00001.lmdb", 1, 10, "sha256:" + "cd" * 32, 5),
         ],
         storage=Storage("original", "RGB"),
         label_source="none",
@@ -139,30 +141,73 @@ def test_not_a_store_and_unfinished_store(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("backend", "extra", "version"),
+    ("backend", "extra"),
     [
-        ("lmdb", {"raw": True, "size": (4, 4)}, 2),  # the "columns" layout
-        ("lmdb", {}, 1),
-        ("hdf5", {"raw": True, "size": (4, 4)}, 1),
+        ("lmdb", {"raw": True, "size": (4, 4)}),
+        ("lmdb", {}),
+        ("hdf5", {"raw": True, "size": (4, 4)}),
     ],
 )
-def test_a_store_is_labelled_with_the_oldest_format_that_reads_it(
-    image_dir: Path, tmp_path: Path, backend: str, extra: dict[str, object], version: int
+def test_new_stores_are_format_3_and_format_1_and_2_stores_still_read_and_verify(
+    image_dir: Path, tmp_path: Path, backend: str, extra: dict[str, object]
 ) -> None:
-    """So an older packer still opens every store whose layout it knows."""
+    """Packs, conversions and appends are written as format 3, whose shard checksums are
+    xxh3-128 (an older packer refuses them as newer than it reads). A store an older packer
+    wrote, with a sha256 per shard, still opens, and verify checks that sha256."""
     from packer import PackOptions, pack
     from packer.convert import convert_store
+    from packer.verify import verify_store
 
     out = tmp_path / ("out.lmdb" if backend == "lmdb" else "out.h5")
     pack(image_dir, out, PackOptions(backend=backend, workers=1, **extra))  # type: ignore[arg-type]
-    assert read_manifest(out).format_version == version
+    assert read_manifest(out).format_version == FORMAT_VERSION == 3
     other = "hdf5" if backend == "lmdb" else "lmdb"
     converted = convert_store(out, tmp_path / ("c.h5" if other == "hdf5" else "c.lmdb"))
-    raw_lmdb = other == "lmdb" and "raw" in extra
-    assert converted.format_version == (2 if raw_lmdb else 1)  # the target's layout decides
+    assert converted.format_version == 3
     more = tmp_path / "more"
     (more / "extra").mkdir(parents=True)
     (more / "extra" / "one.png").write_bytes((next(image_dir.rglob("*.png"))).read_bytes())
     options = PackOptions(backend=backend, workers=1, append=True, **extra)  # type: ignore[arg-type]
     pack(more, out, options)
-    assert read_manifest(out).format_version == version  # what every shard needs, still
+    grown = read_manifest(out)
+    assert grown.format_version == 3 and len(grown.shards) == 2
+    for shard in grown.shards:
+        assert shard.checksum == shard_checksum((out / shard.file).read_bytes())
+
+    # As an older packer wrote it: format 2 (1 for what 2 did not change), a sha256 a shard.
+    data = json.loads((out / "manifest.json").read_text())
+    data["format_version"] = 2 if backend == "lmdb" and extra else 1
+    sha256 = {}
+    for shard in data["shards"]:
+        del shard["checksum"]
+        shard["sha256"] = sha256[shard["file"]] = hashlib.sha256(
+            (out / shard["file"]).read_bytes()
+        ).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(data))
+    old = read_manifest(out)
+    assert [s.checksum for s in old.shards] == [f"sha256:{sha256[s.file]}" for s in old.shards]
+    assert verify_store(out).ok
+    last = out / old.shards[-1].file
+    last.write_bytes(last.read_bytes() + b"\0")  # one byte more: the sha256 no longer matches
+    old.shards[-1].bytes += 1
+    data["shards"][-1]["bytes"] += 1
+    (out / "manifest.json").write_text(json.dumps(data))
+    reasons = [p.reason for p in verify_store(out).problems]
+    assert "sha256 mismatch: the file changed after it was packed" in reasons
+
+
+def test_a_shard_has_exactly_one_well_formed_checksum(tmp_path: Path) -> None:
+    data = _manifest().to_json()
+    for entry, message in [
+        ({"checksum": "xxh3_128:" + "ab" * 15}, "checksum is"),  # too short
+        ({"checksum": "md5:" + "ab" * 16}, "checksum is"),
+        ({"checksum": "sha256:" + "AB" * 32}, "checksum is"),  # lower-case hex only
+        ({"sha256": "ab" * 32}, "one checksum"),  # both
+    ]:
+        changed = json.loads(json.dumps(data))
+        changed["shards"][0].update(entry)
+        with pytest.raises(ManifestError, match=message):
+            read_manifest(_write_raw(tmp_path, changed))
+    del data["shards"][0]["checksum"]  # neither
+    with pytest.raises(ManifestError, match="one checksum"):
+        read_manifest(_write_raw(tmp_path, data))

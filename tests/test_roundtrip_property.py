@@ -161,7 +161,9 @@ def _layout(folder: Path, sizes: list[int]) -> Path:
         file = store / shard_name("lmdb", number)
         with open(file, "wb") as f:
             f.truncate(64 * size + 8192)
-        infos.append(ShardInfo(file.name, size, file.stat().st_size, "", 100 * size))
+        infos.append(
+            ShardInfo(file.name, size, file.stat().st_size, "xxh3_128:" + "0" * 32, 100 * size)
+        )
     manifest = Manifest(
         backend="lmdb",
         num_records=sum(sizes),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from conftest import store_path, write_image
+from conftest import shard_checksum, store_path, write_image
 
 from packer import PackOptions, open_store, pack
 from packer.errors import ManifestError
@@ -30,7 +29,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "raw": {"raw": True, "size": (8, 8)},
     "png": {"encode": "png", "max_side": 16},
 }
-SHA = "sha256 mismatch: the file changed after it was packed"
+SHA = "xxh3_128 mismatch: the file changed after it was packed"
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +68,12 @@ def _flip(file: Path, offset: int, bit: int) -> None:
 
 
 def _reseal(store: Path, number: int) -> None:
-    """Make the manifest's size and sha256 of shard ``number`` match the file again."""
+    """Make the manifest's size and checksum of shard ``number`` match the file again."""
     manifest = read_manifest(store)
     info = manifest.shards[number]
     data = (store / info.file).read_bytes()
     manifest.shards[number] = ShardInfo(
-        info.file, info.num_records, len(data), hashlib.sha256(data).hexdigest(), info.payload_bytes
+        info.file, info.num_records, len(data), shard_checksum(data), info.payload_bytes
     )
     write_manifest(store, manifest)
 
