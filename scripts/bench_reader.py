@@ -84,7 +84,7 @@ READ_TARGET, LOADER_TARGET, OVERLAP_TARGET, FLAT_TARGET = 0.9, 1.5, 1.05, 1.2
 EXT = {"lmdb": "lmdb", "hdf5": "h5"}
 BILINEAR = Image.Resampling.BILINEAR
 NOTES = [
-    "image files and stores are warm in the page cache (caches cannot be dropped here)",
+    "image files and stores are warm in the page cache: every figure is of reading from memory",
     "ratio = limit (or rival) time / packer time, higher is better; overlap: lower is better",
     "a reader run counts opening the reader and starting its threads; a DataLoader run counts "
     "starting its worker processes (persistent_workers=False, the default)",
