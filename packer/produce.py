@@ -60,6 +60,8 @@ class Producer:
         self._chunks = plan.chunk_spans([s.num_records for s in manifest.shards], chunk_size)
         self._store: Store | None = None
         self._store_pid = -1
+        # The window array an epoch last read into, for the next epoch's windows (_gathered).
+        self._spare_windows: list[np.ndarray] = []
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
         if options.output == "torch":
@@ -163,34 +165,47 @@ class Producer:
         carried = 0
         rows: np.ndarray | None = None
         window: Window | None = None
-        for spans, order in self.planned_windows(epoch):
-            size = len(order)
-            if skip >= size:  # resuming: whole windows before the resume point are not read
-                skip -= size
-                continue
-            # Batches are gathered copies, so the last window's array is free to reuse; and
-            # dropping the window before reading the next keeps one window alive, not two.
-            reuse = (
-                window.data if window is not None and isinstance(window.data, np.ndarray) else None
-            )
-            window = None
-            window = read_window(store, spans, fixed, reuse, verify)
-            order = order[skip:]
-            skip = 0
-            start = 0
-            while start < len(order):
-                take = min(opts.batch_size - carried, len(order) - start)
-                if fixed and rows is None:  # pixels of one shape: one batch array, filled in parts
-                    rows = np.empty((opts.batch_size, *fixed), np.uint8)
-                into = rows[carried : carried + take] if rows is not None else None
-                carry.append(gather(window, order[start : start + take], into))
-                carried += take
-                start += take
-                if carried == opts.batch_size:
-                    yield concat(carry, rows)
-                    carry, carried, rows = [], 0, None
-        if carry and not opts.drop_last:
-            yield concat(carry, None if rows is None else rows[:carried])
+        # Batches are gathered copies, so a window's array is free to reuse once the next
+        # window is due, and from one epoch to the next: a new one is page-faulted afresh,
+        # which cost a raw epoch of the reader bench's 3,000 records about a fifth of its
+        # time. Reused whole (its base): windows differ in length by a few records, and a
+        # slice of the last one would soon be too short. Popped, not shared: the thread of an
+        # abandoned epoch may still be running.
+        try:
+            reuse: np.ndarray | None = self._spare_windows.pop()
+        except IndexError:
+            reuse = None
+        try:
+            for spans, order in self.planned_windows(epoch):
+                size = len(order)
+                if skip >= size:  # resuming: whole windows before the resume point are not read
+                    skip -= size
+                    continue
+                if window is not None and isinstance(window.data, np.ndarray):
+                    reuse = window.data if window.data.base is None else window.data.base
+                window = None  # one window alive at a time, not two
+                window = read_window(store, spans, fixed, reuse, verify)
+                reuse = None
+                order = order[skip:]
+                skip = 0
+                start = 0
+                while start < len(order):
+                    take = min(opts.batch_size - carried, len(order) - start)
+                    if fixed and rows is None:  # pixels of one shape: a batch array, in parts
+                        rows = np.empty((opts.batch_size, *fixed), np.uint8)
+                    into = rows[carried : carried + take] if rows is not None else None
+                    carry.append(gather(window, order[start : start + take], into))
+                    carried += take
+                    start += take
+                    if carried == opts.batch_size:
+                        yield concat(carry, rows)
+                        carry, carried, rows = [], 0, None
+            if carry and not opts.drop_last:
+                yield concat(carry, None if rows is None else rows[:carried])
+        finally:
+            if window is not None and isinstance(window.data, np.ndarray):
+                base = window.data if window.data.base is None else window.data.base
+                self._spare_windows[:] = [base]
 
     def _open_store(self) -> Store:
         if self._store is None or self._store_pid != os.getpid():

@@ -140,6 +140,31 @@ def test_raw_fixed_shape_batches_are_one_array(stores: dict[str, Path]) -> None:
         )
 
 
+def test_raw_windows_are_reused_across_epochs_and_batches_stay_copies(
+    stores: dict[str, Path],
+) -> None:
+    """The reader reads raw windows into one array, kept from window to window and epoch to
+    epoch (3 shards of 40 in chunks of 7: windows of 12 to 21 records); batches are copies
+    of it, so a batch kept from an earlier epoch still holds its own records."""
+    with open_store(stores["raw"]) as s:
+        truth = {r.path: np.frombuffer(bytes(r.data), np.uint8) for r in s.records()}
+    options = dict(batch_size=16, chunk_size=7, buffer_chunks=3, seed=1, with_paths=True)
+    # across_epochs=False: each epoch's producer ends with it and puts its window array back
+    # (prefetching the next epoch, the same thread would already have taken it again)
+    with open_reader(stores["raw"], across_epochs=False, **options) as r:  # type: ignore[arg-type]
+        kept = [(images, paths) for e in range(3) for images, _, paths in r.epoch(e)]
+        (array,) = r._producer._spare_windows
+        assert array.base is None  # a whole array, not the last window's slice of it
+        for _ in r.epoch(3):
+            pass
+        (again,) = r._producer._spare_windows
+        assert again is array
+    assert len(kept) == 3 * 8
+    for images, paths in kept:
+        for image, path in zip(images, paths):
+            assert np.array_equal(image.reshape(-1), truth[path]), path
+
+
 @pytest.mark.parametrize("fit", ["crop", "pad", "stretch"])
 def test_size_resizes_as_packing_at_that_size_does(
     stores: dict[str, Path], tmp_path: Path, fit: str
