@@ -57,6 +57,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -224,16 +225,19 @@ def h5_slices(store: Path, chunk: int, epochs: int) -> dict[str, float]:
 
 
 def kept_reads(
-    store: Path, chunk: int, buffer: int, epochs: int, shuffle: bool
+    store: Path, chunk: int, buffer: int, epochs: int, shuffle: bool, alive: int = 0
 ) -> dict[str, float]:
     """The floors under a shuffling reader: the limit's reads, but each chunk copied into a
     window of ``buffer`` chunks that stays in memory (a shuffle buffer), and with
     ``shuffle`` every full window's records copied out again in a random order, 256 to a
-    new batch array. No checks, no threads, no per-record metadata."""
+    new batch array; with ``alive``, the last that many batches kept, as a prefetch queue
+    and the loop holding one keep them (each batch is then new memory, not the last one's,
+    already in cache). No checks, no threads, no per-record metadata."""
     rng, images = np.random.default_rng(SEED), 0
     shape = read_manifest(store).storage.shape
     window = np.empty((buffer * chunk, *shape), np.uint8)
     row_bytes = window[0].nbytes
+    kept: deque[np.ndarray] = deque(maxlen=alive or None)
 
     def empty(rows: int) -> None:
         nonlocal images
@@ -244,6 +248,8 @@ def kept_reads(
                 part = order[a : a + BATCH]
                 batch = np.empty((len(part), *shape), np.uint8)
                 np.take(window, part, axis=0, out=batch, mode="clip")
+                if alive:
+                    kept.append(batch)
 
     for shard in read_manifest(store).shards * epochs:
         rows, path = 0, store / shard.file
@@ -378,18 +384,22 @@ def plan(
         store, epochs = stores[f"raw {b}"], args.raw_epochs
         with open_reader(store, batch_size=BATCH) as reader:  # starts no thread
             chunk, buffer = reader.chunk_size, reader.options.buffer_chunks
+            alive = reader.options.prefetch + 2
         limit = f"limit raw {b}" + (f" (slices of {chunk})" if b == "hdf5" else " (cursor walk)")
         walk = partial(lmdb_walk, store) if b == "lmdb" else partial(h5_slices, store, chunk)
         runs[limit] = partial(walk, epochs)
         kept, shuffled = f"floor raw {b}: reads kept in a window", f"floor raw {b}: + gathers"
         runs[kept] = partial(kept_reads, store, chunk, buffer, epochs, shuffle=False)
         runs[shuffled] = partial(kept_reads, store, chunk, buffer, epochs, shuffle=True)
+        # the reader's queue holds `prefetch` batches, the loop one, the producer one it fills
+        queued = f"floor raw {b}: + gathers, {alive} batches alive"
+        runs[queued] = partial(kept_reads, store, chunk, buffer, epochs, True, alive)
         for verify in (True, False):
             name = f"reader raw {b} verify={verify}"
             runs[name] = partial(read, store, epochs, verify=verify)
             compares.append(Compare(name, [limit], READ_TARGET))
-        compares += [Compare(floor, [limit], None) for floor in (kept, shuffled)]
-        compares.append(Compare(f"reader raw {b} verify=False", [shuffled], None))
+        compares += [Compare(floor, [limit], None) for floor in (kept, shuffled, queued)]
+        compares.append(Compare(f"reader raw {b} verify=False", [queued], None))
     with open_store(stores["original lmdb"]) as opened:
         payloads = [bytes(record.data) for record in opened.records()]
     pillow, turbo = "limit decode (all cores)", "limit decode, JPEGs by libjpeg-turbo (all cores)"
