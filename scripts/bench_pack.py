@@ -22,7 +22,8 @@ bytes), for each backend:
 
 Targets: packer time / limit time <= 1.3 (1, 2); store size <= 1.02x the sources (4).
 Every figure is the best of ``--repeat`` runs; all measurements are interleaved within each
-repeat so ratios compare runs made side by side. 1 and 2 run twice: with the source files
+repeat, in a new (seeded) order each repeat, so ratios compare runs made side by side and no
+run always follows the same one. 1 and 2 run twice: with the source files
 warm in the page cache (reads cost memory copies), and cold: each source file's cached pages
 dropped before the run (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed), so that
 every file is read from the disk, as when packing a folder larger than memory.
@@ -40,6 +41,7 @@ import json
 import math
 import os
 import platform
+import random
 import shlex
 import shutil
 import sys
@@ -221,7 +223,10 @@ def measure(
 ) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(repeat):
-        for name, fn in runs.items():
+        # A new order each repeat (seeded): a run can leave the machine busy for the next
+        # (the kernel freeing or writing back a 220 MB store), so none always follows another.
+        for name in random.Random(r).sample(list(runs), len(runs)):
+            fn = runs[name]
             times[name].append(timed(fn, scratch, files if name.endswith(COLD) else None))
             print(f"  repeat {r + 1}/{repeat}: {name}: {times[name][-1]:.3f} s", file=sys.stderr)
     return times
