@@ -23,10 +23,10 @@ bytes), for each backend:
 Targets: packer time / limit time <= 1.3 (1, 2); store size <= 1.02x the sources (4).
 Every figure is the best of ``--repeat`` runs; all measurements are interleaved within each
 repeat, in a new (seeded) order each repeat, so ratios compare runs made side by side and no
-run always follows the same one. 1 and 2 run twice: with the source files
-warm in the page cache (reads cost memory copies), and cold: each source file's cached pages
-dropped before the run (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed), so that
-every file is read from the disk, as when packing a folder larger than memory.
+run always follows the same one. 1 and 2 run twice: with the source files warm in the page
+cache (reads cost memory copies), and cold: each source file's cached pages dropped before
+the run (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed), so that every file is read
+from the disk, as when packing a folder larger than memory.
 
     python scripts/bench_pack.py                       # `make bench`; ~220 MB, a few minutes
     python scripts/bench_pack.py --quick               # smoke test, < 30 s
@@ -188,8 +188,8 @@ def plan(
     keep: Kept,
     cold: bool,
 ) -> dict[str, Callable[[], float | None]]:
-    """Every measurement by name, in the order one repeat runs them; with ``cold``, the
-    limits and packs again as cold runs (named with COLD)."""
+    """Every measurement by name (each repeat runs them in an order of its own); with
+    ``cold``, the limits and packs again as cold runs (named with COLD)."""
     copy_to = scratch / "copy.bin"
     runs: dict[str, Callable[[], float | None]] = {
         "copy limit": partial(copy_files, data.files, copy_to),
