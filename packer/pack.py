@@ -311,20 +311,21 @@ def _write_here(
     items = [item for job in jobs for item in job.items]
     pool = _start_pool(context.options)
     paths = [str(context.root / item.path) for item in items]
+    sizes = [item.size for item in items]
     original = context.options.payload == "original"
     # One thread takes the pool's results, reads and checksums the source bytes, and keeps
     # up to _AHEAD_BYTES of records ready, while this one writes. It, not the writer, keeps
     # the pool's window of tasks full, so workers never wait for a commit or a fsync.
     ahead: Prefetcher[list[Record | Skipped]] = Prefetcher(
         lambda: _read_ahead(
-            context.root, items, _prepared_in_order(pool, paths, context.options), original
+            context.root, items, _prepared_in_order(pool, paths, sizes, context.options), original
         ),
         depth=_AHEAD_BYTES // _PIECE_BYTES,
         name="packer-read",
     )
     records = (record for piece in ahead for record in piece)
     try:
-        # Hashing a finished shard overlaps writing the next one (hashlib releases the GIL).
+        # Hashing a finished shard overlaps writing the next one (xxhash releases the GIL).
         with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
             finishing = []
             for job in jobs:
@@ -394,51 +395,72 @@ def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
 
 
 def _prepared_in_order(
-    pool: ProcessPoolExecutor, paths: list[str], options: PackOptions
+    pool: ProcessPoolExecutor, paths: list[str], sizes: list[int], options: PackOptions
 ) -> Iterator[list[Prepared | Rejected]]:
-    """Results for ``paths`` in order, one list per task, from the pool, through a bounded
-    window of tasks."""
+    """Results for ``paths`` (of ``sizes`` bytes) in order, one list per task, from the
+    pool, through a bounded window of tasks whose files are announced to the kernel."""
     workers = options.num_workers
     # A header probe takes ~35 us, a decode milliseconds: probes go in bigger tasks, so that
     # pool round trips do not outweigh them; decodes in small ones, which balance the workers.
     cap = 128 if options.check == "header" and options.payload == "original" else 32
     task_size = max(1, min(cap, len(paths) // (workers * 8)))
     window = workers * 4
-    pending: deque[tuple[list[str], Future[list[Prepared | Rejected]]]] = deque()
+    pending: deque[tuple[list[str], int, Future[list[Prepared | Rejected]]]] = deque()
+    hinted = 0  # bytes announced for the pending tasks
+
+    def done() -> list[Prepared | Rejected]:
+        nonlocal hinted
+        batch, announced, future = pending.popleft()
+        hinted -= announced
+        return _result(batch, future)
+
     try:
         for start in range(0, len(paths), task_size):
             batch = paths[start : start + task_size]
-            _will_read(batch)
-            pending.append((batch, pool.submit(prepare_files, batch)))
+            announced = _will_read(batch, sizes[start : start + task_size], _HINT_BYTES - hinted)
+            hinted += announced
+            pending.append((batch, announced, pool.submit(prepare_files, batch)))
             if len(pending) >= window:
-                yield _result(*pending.popleft())
+                yield done()
         while pending:
-            yield _result(*pending.popleft())
+            yield done()
     finally:
-        for _, future in pending:
+        for _, _, future in pending:
             future.cancel()
 
 
-def _will_read(paths: list[str]) -> None:
-    """Ask the kernel to start reading ``paths`` now (POSIX_FADV_WILLNEED), as their task
-    goes to the pool, a window of tasks before the writer needs their bytes: on a cold disk
-    the reads are then in flight, many at a time, while earlier files are checked and
+# Source bytes announced ahead at most: a window of tasks of large files (8 tasks of 128
+# files here) could otherwise ask the kernel for more than memory holds, and have it evict
+# the first files before they are read.
+_HINT_BYTES = 64 << 20
+
+
+def _will_read(paths: list[str], sizes: list[int], budget: int) -> int:
+    """Ask the kernel to start reading ``paths`` now (POSIX_FADV_WILLNEED), in order, as long
+    as their ``sizes`` fit in ``budget`` bytes; returns the bytes announced. Called as their
+    task goes to the pool, a window of tasks before the writer needs their bytes: on a cold
+    disk the reads are then in flight, many at a time, while earlier files are checked and
     written, where otherwise each file's header probe and then its read waited on the disk
     in turn. Warm files cost an open and a close. A file that cannot be opened is left to
     the read that will report it; O_NONBLOCK: a FIFO put in a file's place must not hang."""
     if not hasattr(os, "posix_fadvise"):  # macOS, Windows
-        return
-    for path in paths:
+        return 0
+    announced = 0
+    for path, size in zip(paths, sizes):
+        if announced + size > budget:
+            break
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             continue
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            announced += size
         except OSError:
             pass  # a hint only
         finally:
             os.close(fd)
+    return announced
 
 
 def _result(

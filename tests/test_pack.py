@@ -294,15 +294,45 @@ def test_every_file_is_announced_to_the_kernel_before_it_is_read(
     os.mkfifo(fifo)
     hinted.clear()
     done = threading.Event()
+    paths, sizes = (
+        [str(fifo), str(tmp_path / "gone.jpg"), str(plain)],
+        [0, 10, plain.stat().st_size],
+    )
+    announced: list[int] = []
     threading.Thread(
-        target=lambda: (
-            _will_read([str(fifo), str(tmp_path / "gone.jpg"), str(plain)]),
-            done.set(),
-        ),
+        target=lambda: (announced.append(_will_read(paths, sizes, 1 << 20)), done.set()),
         daemon=True,
     ).start()
     assert done.wait(10)  # returned: the FIFO did not block it, the missing file did not stop it
-    assert len(hinted) == 2  # the FIFO and the real file
+    assert len(hinted) == 2 and announced == [sizes[2]]  # the FIFO and the real file
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+def test_hints_stay_within_their_byte_budget(
+    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files are announced in order while they fit in what is left of the budget; a pack
+    whose budget is used up still packs every file, unannounced."""
+    import sys
+
+    from packer.pack import _will_read
+
+    files = sorted(image_dir.rglob("*.*"))
+    sizes = [f.stat().st_size for f in files]
+    paths = [str(f) for f in files]
+    assert _will_read(paths, sizes, sizes[0] + sizes[1]) == sizes[0] + sizes[1]
+    assert _will_read(paths, sizes, sizes[0] + sizes[1] - 1) == sizes[0]  # the 2nd: no room
+    assert _will_read(paths, sizes, 0) == 0
+
+    hinted: list[int] = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda *a: (hinted.append(a[0]), real(*a))[1])
+    monkeypatch.setattr(sys.modules["packer.pack"], "_HINT_BYTES", 0)
+    result = pack(image_dir, tmp_path / "none.lmdb", PackOptions(seed=0, workers=1))
+    assert result.manifest.num_records == len(files) and not hinted
+    monkeypatch.setattr(sys.modules["packer.pack"], "_HINT_BYTES", 2 * max(sizes))
+    result = pack(image_dir, tmp_path / "some.lmdb", PackOptions(seed=0, workers=1))
+    assert result.manifest.num_records == len(files) and 0 < len(hinted) < len(files)
 
 
 def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
