@@ -431,8 +431,9 @@ def _prepared_in_order(
 
 # Source bytes announced ahead at most: a window of tasks of large files (8 tasks of 128
 # files here) could otherwise ask the kernel for more than memory holds, and have it evict
-# the first files before they are read.
-_HINT_BYTES = 64 << 20
+# the first files before they are read. A cold header pack of the bench's 216 MB took
+# 0.49 s with 64 MB, 0.41 s with 128, 0.39 s with 256 or no bound (best of 6, by hand).
+_HINT_BYTES = 128 << 20
 
 
 def _will_read(paths: list[str], sizes: list[int], budget: int) -> int:
