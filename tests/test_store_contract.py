@@ -135,6 +135,16 @@ def test_hdf5_payloads_across_and_beyond_the_staging_array(
     reader.close()
 
 
+def test_a_raw_record_of_another_size_is_refused_by_name(tmp_path: Path, backend: str) -> None:
+    path = tmp_path / shard_name(backend, 0)
+    writer = open_shard_writer(backend, path, ShardMeta(0, 2, raw_shape=[2, 3, 3]))
+    good, bad = _records(1, shape=(2, 3, 3))[0], _records(1)[0]
+    writer.append(good)
+    with pytest.raises(ValueError, match=rf"{bad.path}: {len(bad.data):,} pixel bytes.*needs 18"):
+        writer.append(bad)
+    writer.abort()
+
+
 def test_lmdb_raw_pixels_of_one_shape_are_plain_values(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.lmdb"
     records = _records(20, shape=(2, 3, 3))

@@ -40,6 +40,16 @@ class ShardMeta:
         extra = {"backend": backend, "storage": asdict(storage), "label_columns": label_columns}
         return cls(index, len(label_columns), raw_shape, storage.compression, extra)
 
+    def check_row(self, record: Record) -> None:
+        """Refuse a record of a raw shard whose pixels are not one row of ``raw_shape``."""
+        assert self.raw_shape is not None
+        needed = int(np.prod(self.raw_shape))
+        if len(record.data) != needed:
+            raise ValueError(
+                f"{record.path}: {len(record.data):,} pixel bytes, the shard's shape "
+                f"{self.raw_shape} needs {needed:,}"
+            )
+
 
 class ShardWriter(Protocol):
     """Appends records in order; not thread-safe; one writer per shard file."""

@@ -98,6 +98,8 @@ class Hdf5ShardWriter:
         self._paths: list[str] = []
 
     def append(self, record: Record) -> None:
+        if self.meta.raw_shape is not None:
+            self.meta.check_row(record)  # the rows are cut from the staged bytes by size
         payload = np.frombuffer(record.data, np.uint8)
         if self._staged_bytes + len(payload) > len(self._staged):
             self._flush()

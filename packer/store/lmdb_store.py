@@ -103,11 +103,7 @@ class LmdbShardWriter:
         if self._row_bytes is None:
             value = pack_value(record)
         else:
-            if len(record.data) != self._row_bytes:
-                raise ValueError(
-                    f"{record.path}: {len(record.data):,} pixel bytes, the shard's shape "
-                    f"{self.meta.raw_shape} needs {self._row_bytes:,}"
-                )
+            self.meta.check_row(record)
             value = bytes(record.data)
             self._group.append((tuple(record.labels), record.crc32, record.path))
         self._put(record_key(self._count), value)
