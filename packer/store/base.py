@@ -6,6 +6,7 @@ written once against this and knows nothing of LMDB or HDF5.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -43,7 +44,7 @@ class ShardMeta:
     def check_row(self, record: Record) -> None:
         """Refuse a record of a raw shard whose pixels are not one row of ``raw_shape``."""
         assert self.raw_shape is not None
-        needed = int(np.prod(self.raw_shape))
+        needed = math.prod(self.raw_shape)  # math's: 0.1 us a record, NumPy's 3
         if len(record.data) != needed:
             raise ValueError(
                 f"{record.path}: {len(record.data):,} pixel bytes, the shard's shape "
