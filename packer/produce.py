@@ -172,20 +172,19 @@ class Producer:
         # slice of the last one would soon be too short. Popped, not shared: the thread of an
         # abandoned epoch may still be running.
         try:
-            reuse: np.ndarray | None = self._spare_windows.pop()
+            array: np.ndarray | None = self._spare_windows.pop()
         except IndexError:
-            reuse = None
+            array = None
         try:
             for spans, order in self.planned_windows(epoch):
                 size = len(order)
                 if skip >= size:  # resuming: whole windows before the resume point are not read
                     skip -= size
                     continue
-                if window is not None and isinstance(window.data, np.ndarray):
-                    reuse = window.data if window.data.base is None else window.data.base
                 window = None  # one window alive at a time, not two
-                window = read_window(store, spans, fixed, reuse, verify)
-                reuse = None
+                window = read_window(store, spans, fixed, array, verify)
+                if isinstance(window.data, np.ndarray):
+                    array = window.data if window.data.base is None else window.data.base
                 order = order[skip:]
                 skip = 0
                 start = 0
@@ -203,9 +202,8 @@ class Producer:
             if carry and not opts.drop_last:
                 yield concat(carry, None if rows is None else rows[:carried])
         finally:
-            if window is not None and isinstance(window.data, np.ndarray):
-                base = window.data if window.data.base is None else window.data.base
-                self._spare_windows[:] = [base]
+            if array is not None:
+                self._spare_windows[:] = [array]
 
     def _open_store(self) -> Store:
         if self._store is None or self._store_pid != os.getpid():
