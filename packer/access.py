@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import tables
 
-from packer import imaging
+from packer import imaging, resizing
 from packer.errors import CorruptRecordError, StoreError, UsageError
 from packer.manifest import Manifest, ShardInfo, Storage, read_manifest
 from packer.record import Record, checksum
@@ -297,12 +297,10 @@ def record_pixels(
     (height, width) if given; ``writable=False`` where the caller copies it anyway (a view
     of the payload or of Pillow's bytes: no copy)."""
     if record.format == "raw":
-        pixels = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
-        if size is None:
-            return pixels.copy() if writable else pixels
-        im = imaging.resize(imaging.from_array(pixels), size=size, fit=fit)
-    elif size is None:
+        stored = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
+        pixels = stored if size is None else resizing.resize(stored, size=size, fit=fit)
+        return pixels.copy() if writable and pixels is stored else pixels
+    if size is None:
         return imaging.decode_array(bytes(record.data), mode, writable=writable)
-    else:
-        im = imaging.decode_resized(bytes(record.data), mode, size=size, fit=fit)
-    return imaging.to_array(im, writable)
+    pixels = imaging.decode_resized(bytes(record.data), mode, size=size, fit=fit)
+    return pixels.copy() if writable and not pixels.flags.writeable else pixels

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from packer import jpeg_turbo
+from packer import jpeg_turbo, resizing
 from packer.fork_gate import FORK_GATE
 
 __all__ = [
@@ -37,8 +37,6 @@ __all__ = [
     "CHANNELS",
     "output_mode",
     "normalize_mode",
-    "resize",
-    "resized_size",
     "decode_resized",
     "from_array",
     "encode",
@@ -171,12 +169,9 @@ def decode(
         info = ImageInfo(
             im.format or "unknown", im.size[1], im.size[0], im.mode, "transparency" in im.info
         )
-        if shrink_to is not None and im.format == "JPEG":
-            turned = _orientation(im) >= 5  # draft works on the stored, unrotated size
-            width, height = im.size[::-1] if turned else im.size
-            target = shrink_to(width, height)
-            if target is not None:
-                im.draft(im.mode, target[::-1] if turned else target)
+        target = _draft_target(im, shrink_to)
+        if target is not None:
+            im.draft(im.mode, target)
         im.load()
         ImageOps.exif_transpose(im, in_place=True)  # no copy when already upright
     except Exception:
@@ -216,33 +211,66 @@ def decoded_shape(
 
 
 def _decoded_by_turbo(
-    source: bytes | memoryview, mode: str, max_pixels: int
+    source: bytes | memoryview,
+    mode: str,
+    max_pixels: int,
+    shrink_to: Callable[[int, int], tuple[int, int] | None] | None = None,
 ) -> tuple[np.ndarray, int] | None:
     """A JPEG's pixels in ``mode`` from libjpeg-turbo, as stored, and its EXIF orientation;
     or None: not a JPEG (by Pillow's own test of the first bytes, so other formats are
-    opened once), or one that Pillow must decode itself."""
+    opened once), or one that Pillow must decode itself. ``shrink_to`` as for ``decode``:
+    the same reduced scale that Pillow's draft picks, so the pixels are Pillow's too."""
     if bytes(source[:3]) != b"\xff\xd8\xff":
         return None
     with _open(source, max_pixels) as im:
         if im.format != "JPEG":
             return None
-        pixels = jpeg_turbo.decode(source, im.mode, output_mode(im.mode, False, mode))
+        target = _draft_target(im, shrink_to)
+        reduced = None if target is None else _draft_size(im.size, target)
+        pixels = jpeg_turbo.decode(source, im.mode, output_mode(im.mode, False, mode), reduced)
         return None if pixels is None else (pixels, _orientation(im))
 
 
+def _draft_target(
+    im: Image.Image, shrink_to: Callable[[int, int], tuple[int, int] | None] | None
+) -> tuple[int, int] | None:
+    """The (width, height) of the stored, unrotated JPEG that ``shrink_to`` asks for, or None."""
+    if shrink_to is None or im.format != "JPEG":
+        return None
+    turned = _orientation(im) >= 5
+    width, height = im.size[::-1] if turned else im.size
+    target = shrink_to(width, height)
+    return None if target is None else (target[::-1] if turned else target)
+
+
+def _draft_size(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
+    """The (width, height) Pillow's JPEG draft decodes ``size`` at for ``target``: reduced by
+    the largest of 8, 4, 2 (or 1) that keeps both sides at least the target's."""
+    fits = min(size[0] // target[0], size[1] // target[1])
+    scale = next((s for s in (8, 4, 2) if fits >= s), 1)
+    return (-(-size[0] // scale), -(-size[1] // scale))
+
+
 def decode_resized(
-    source: Source,
+    source: bytes | memoryview,
     mode: str = "RGB",
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_side: int | None = None,
     size: tuple[int, int] | None = None,
     fit: str = "crop",
-) -> Image.Image:
-    """``decode`` then ``resize``, a JPEG decoded at the smallest scale that still covers
-    the target (DCT scaling), so large photos cost a fraction of a full decode."""
-    shrink_to = functools.partial(resized_size, max_side=max_side, size=size, fit=fit)
-    im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
-    return resize(im, max_side, size, fit)
+) -> np.ndarray:
+    """Decoded upright in ``mode`` and resized (``resizing.resize``), as height x width x
+    channels uint8, read-only where nothing copied it. A JPEG is decoded at the smallest
+    power-of-two scale (1/2, 1/4, 1/8) that still covers the target, which costs a fraction
+    of a full decode, by libjpeg-turbo where it can (``packer.jpeg_turbo``)."""
+    shrink_to = functools.partial(resizing.resized_size, max_side=max_side, size=size, fit=fit)
+    turbo = _decoded_by_turbo(source, mode, max_pixels, shrink_to)
+    if turbo is not None:
+        pixels = jpeg_turbo.upright(*turbo)
+    else:
+        im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
+        pixels = to_array(im, writable=False)
+    return resizing.resize(pixels, max_side, size, fit)
 
 
 def from_array(pixels: np.ndarray) -> Image.Image:
@@ -285,47 +313,6 @@ def _grey_to_8bit(im: Image.Image) -> Image.Image:
     else:  # 16-bit samples (also PGM's 16-bit, opened as "I"): keep the top 8 bits
         scaled = np.clip(values.astype(np.int64) >> 8, 0, 255)
     return Image.fromarray(scaled.astype(np.uint8), "L")
-
-
-def resize(
-    im: Image.Image,
-    max_side: int | None = None,
-    size: tuple[int, int] | None = None,
-    fit: str = "crop",
-) -> Image.Image:
-    """Shrink so the longest side is at most ``max_side``, or to an exact (height, width).
-
-    ``fit`` for an exact size: "crop" scales to cover then crops the centre, "pad" scales to
-    fit then pads with black, "stretch" ignores the aspect ratio.
-    """
-    scaled = resized_size(im.width, im.height, max_side, size, fit)
-    if scaled is not None and scaled != im.size:
-        im = im.resize(scaled, Image.Resampling.BICUBIC, reducing_gap=3.0)
-    if size is None or fit == "stretch" or im.size == (size[1], size[0]):
-        return im
-    height, width = size
-    if fit == "crop":
-        left, top = (im.width - width) // 2, (im.height - height) // 2
-        return im.crop((left, top, left + width, top + height))
-    canvas = Image.new(im.mode, (width, height))
-    canvas.paste(im, ((width - im.width) // 2, (height - im.height) // 2))
-    return canvas
-
-
-def resized_size(
-    width: int, height: int, max_side: int | None, size: tuple[int, int] | None, fit: str
-) -> tuple[int, int] | None:
-    """The (width, height) ``resize`` scales to before any crop or pad; None if unchanged."""
-    if size is not None:
-        h, w = size
-        if fit == "stretch":
-            return (w, h)
-        scale = (max if fit == "crop" else min)(w / width, h / height)
-    elif max_side is not None and max(width, height) > max_side:
-        scale = max_side / max(width, height)
-    else:
-        return None
-    return (max(1, round(width * scale)), max(1, round(height * scale)))
 
 
 def encode(im: Image.Image, fmt: str, quality: int = 90) -> bytes:

@@ -46,15 +46,22 @@ def why_off() -> str | None:
 _COLORSPACES = {("RGB", "RGB"): "RGB", ("L", "L"): "GRAY", ("L", "RGB"): "RGB"}
 
 
-def decode(data: bytes | memoryview, file_mode: str, mode: str) -> np.ndarray | None:
+def decode(
+    data: bytes | memoryview, file_mode: str, mode: str, reduced: tuple[int, int] | None = None
+) -> np.ndarray | None:
     """A JPEG's pixels as height x width x channels uint8, as stored (not yet upright), or
     None where Pillow must decode it: a mode pair it would convert differently, or any
-    error or warning from libjpeg (``strict``), such as a truncated file."""
+    error or warning from libjpeg (``strict``), such as a truncated file.
+
+    ``reduced``: the (width, height) of a scaled decode (DCT scaling) that Pillow's draft
+    would make; libjpeg-turbo picks the smallest scale that reaches it, which is that one.
+    """
     colorspace = _COLORSPACES.get((file_mode, mode))
     if colorspace is None or not ENABLED:
         return None
+    least = {} if reduced is None else {"min_width": reduced[0], "min_height": reduced[1]}
     try:
-        return simplejpeg.decode_jpeg(data, colorspace)
+        return simplejpeg.decode_jpeg(data, colorspace, **least)
     except ValueError:
         return None
 

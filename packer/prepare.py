@@ -103,11 +103,12 @@ def _transform(data: bytes, options: PackOptions) -> Prepared:
     if options.raw and options.max_side is None and options.size is None:
         # Pixels as they are: a JPEG's straight from libjpeg-turbo, no Pillow image between.
         return _raw(imaging.decode_array(data, options.mode, options.max_pixels))
-    im = imaging.decode_resized(
+    pixels = imaging.decode_resized(
         data, options.mode, options.max_pixels, options.max_side, options.size, options.fit
     )
     if options.raw:
-        return _raw(imaging.to_array(im))
+        return _raw(pixels)
+    im = imaging.from_array(pixels)
     encoding = options.encoding or "jpeg"
     payload = imaging.encode(im, encoding, options.quality)
     channels = imaging.CHANNELS[im.mode] if encoding != "jpeg" or im.mode == "L" else 3

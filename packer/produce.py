@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer import epoch as plan
-from packer import imaging
+from packer import imaging, resizing
 from packer.access import Store
 from packer.batching import (
     Batch,
@@ -64,6 +64,8 @@ class Producer:
         self._spare_windows: list[np.ndarray] = []
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
+        if options.size is not None:
+            resizing.load()
         if options.output == "torch":
             import packer.torch_adapter  # noqa: F401
 

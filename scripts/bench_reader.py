@@ -24,7 +24,8 @@ compares runs made side by side. Reader runs: batch 256, shuffle=True, one epoch
      thread, batches of 256 as lists); a torch DataLoader (num_workers=2) over a minimal
      map-style dataset that decodes, converts to RGB and resizes to --resize, vs the reader
      (workers=2) doing the same resize in ``transform=``, and with its own ``size=`` (JPEGs
-     decoded at a reduced scale first; output="torch" for both). Target >= 1.5x.
+     decoded at a reduced scale first, then OpenCV's resize; output="torch" for both).
+     Target >= 1.5x.
      Shown, not judged: a store packed at that size (``size=``, resize at pack time).
   4. overlap: 3 epochs with a simulated step (sleep --step-ms per batch; by default the
      warm-up epoch's time per batch, so compute ~ loading) vs max(loading alone, steps
@@ -92,7 +93,8 @@ NOTES = [
     "1st batch = seconds to the first batch; wait = reader.stats()['wait_share'] (last epoch)",
     "limits read in file order; the reader reads its chunks in a shuffled order",
     "DataLoader vs 'transform resize': the same work (decode + resize per epoch); 'size=': "
-    "the reader's own resize (bicubic, JPEGs decoded at a reduced scale first); 'packed at': "
+    "the reader's own resize (JPEGs decoded at a reduced scale first, then OpenCV's bilinear, "
+    "area below 1/2: packer/resizing.py); 'packed at': "
     "resized at pack time (shown, not judged)",
 ]
 Run = Callable[[], dict[str, float]]

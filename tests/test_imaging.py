@@ -1,4 +1,4 @@
-"""The Pillow policy: upright pixels, 8-bit modes, bomb refusal, resize geometry."""
+"""The Pillow policy: upright pixels, 8-bit modes, bomb refusal, reduced-scale JPEG decoding."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from conftest import EXIF_DISPLAY, image_bytes
 from PIL import Image
 
-from packer import imaging
+from packer import imaging, resizing
 
 
 def _with_orientation(pixels: np.ndarray, orientation: int, fmt: str = "PNG") -> bytes:
@@ -89,38 +89,9 @@ def test_truncated_jpeg_passes_probe_but_not_decode() -> None:
         imaging.decode(data)
 
 
-@pytest.mark.parametrize(
-    ("size", "max_side", "exact", "fit", "expected"),
-    [
-        ((300, 200), 100, None, "crop", (100, 67)),
-        ((200, 300), 100, None, "crop", (67, 100)),
-        ((50, 40), 100, None, "crop", (50, 40)),  # never enlarged
-        ((300, 200), None, (64, 32), "crop", (32, 64)),
-        ((300, 200), None, (64, 32), "pad", (32, 64)),
-        ((300, 200), None, (64, 32), "stretch", (32, 64)),
-    ],
-)
-def test_resize_geometry(
-    size: tuple[int, int],
-    max_side: int | None,
-    exact: tuple[int, int] | None,
-    fit: str,
-    expected: tuple[int, int],
-) -> None:
-    im = Image.new("RGB", size, (200, 100, 50))
-    assert imaging.resize(im, max_side, exact, fit).size == expected
-
-
-def test_pad_fills_with_black_and_keeps_content_centred() -> None:
-    im = Image.new("RGB", (100, 50), (255, 255, 255))
-    out = imaging.to_array(imaging.resize(im, size=(100, 100), fit="pad"))
-    assert out[0, 50].tolist() == [0, 0, 0] and out[99, 50].tolist() == [0, 0, 0]
-    assert out[50, 50].tolist() == [255, 255, 255]
-
-
 def test_jpeg_draft_decodes_at_reduced_scale_but_not_below_target() -> None:
     data = image_bytes((800, 600), "JPEG")
-    shrink = partial(imaging.resized_size, max_side=150, size=None, fit="crop")
+    shrink = partial(resizing.resized_size, max_side=150, size=None, fit="crop")
     im, info = imaging.decode(data, shrink_to=shrink)
     assert (info.width, info.height) == im.size
     assert im.width < 800 and im.width >= 150 and im.height >= 113

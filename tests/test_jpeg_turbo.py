@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 from conftest import EXIF_DISPLAY, corpus_dir
 from PIL import Image
 
-from packer import imaging, jpeg_turbo
+from packer import imaging, jpeg_turbo, resizing
 
 # Which path ran is asserted only where the fast path is on (Pillow on libjpeg-turbo, as in
 # its wheels); the pixels are compared everywhere.
@@ -202,3 +203,44 @@ with open_store({str(tmp_path / "out.lmdb")!r}) as store:
         key=lambda a: a.shape,
     )
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("orientation", [1, 6])
+@pytest.mark.parametrize(
+    ("name", "size", "scale"),
+    [
+        ("rgb 4:2:0 odd size", (40, 30), 4),  # (height, width); the JPEG is 333x201
+        ("rgb 4:2:0 odd size", (100, 100), 2),  # 1/4 would fall short of covering 100x100
+        ("rgb progressive", (10, 10), 8),
+        ("grey", (30, 30), 1),  # 77x33: no reduction keeps 30 rows
+    ],
+)
+def test_a_reduced_scale_decode_is_pillows_draft(
+    monkeypatch: pytest.MonkeyPatch, name: str, size: tuple[int, int], scale: int, orientation: int
+) -> None:
+    """Read-time ``size`` and pack-time ``--size`` decode a JPEG at the power-of-two scale
+    Pillow's draft picks, so a resized image has the same pixels with or without
+    libjpeg-turbo."""
+    data = JPEGS[name]
+    with Image.open(io.BytesIO(data)) as im:
+        width, height = im.size
+        if orientation != 1:
+            exif = Image.Exif()
+            exif[0x0112] = orientation
+            out = io.BytesIO()
+            im.save(out, "JPEG", exif=exif, quality=95)
+            data = out.getvalue()
+    for fit in ("crop", "pad"):
+        fast = imaging.decode_resized(data, "RGB", size=size, fit=fit)
+        with monkeypatch.context() as m:
+            m.setattr(jpeg_turbo, "ENABLED", False)
+            slow = imaging.decode_resized(data, "RGB", size=size, fit=fit)
+        assert fast.shape == (*size, 3) and np.array_equal(fast, slow)
+    shrink = partial(resizing.resized_size, max_side=None, size=size, fit="crop")
+    im, _ = imaging.decode(data, "RGB", shrink_to=shrink)
+    reduced = (-(-width // scale), -(-height // scale))
+    assert im.size == (reduced if orientation == 1 else reduced[::-1])
+    if TURBO:  # the fast path decoded it too, at the same scale, to the same pixels
+        turbo = imaging._decoded_by_turbo(data, "RGB", imaging.DEFAULT_MAX_PIXELS, shrink)
+        assert turbo is not None
+        assert np.array_equal(jpeg_turbo.upright(*turbo), imaging.to_array(im))
