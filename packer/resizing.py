@@ -64,28 +64,41 @@ def resize(
 ) -> np.ndarray:
     """Shrink so the longest side is at most ``max_side``, or bring to an exact (height, width).
 
-    ``fit`` for an exact size: "crop" scales to cover then keeps the centre, "pad" scales to
-    fit then centres on black, "stretch" ignores the aspect ratio. Returns ``pixels`` itself
-    when nothing changes, else a new contiguous array with as many channels.
+    ``fit`` for an exact size: "crop" keeps the centre at the target's aspect ratio and scales
+    it, "pad" scales to fit then centres on black, "stretch" ignores the aspect ratio. Returns
+    ``pixels`` itself when nothing changes, else a new contiguous array with as many channels.
     """
     if fit not in FITS:
         raise ValueError(f"fit must be one of {', '.join(FITS)}, not {fit!r}")
     height, width, channels = pixels.shape
+    if size is not None and fit == "crop":
+        # The centre is cut out first: nothing is scaled only to be cut away.
+        h, w = size
+        box_h = max(1, min(height, round(width * h / w)))
+        box_w = max(1, min(width, round(height * w / h)))
+        if (box_h, box_w) != (height, width):
+            top, left = (height - box_h) // 2, (width - box_w) // 2
+            pixels = pixels[top : top + box_h, left : left + box_w]
+        return _scaled(pixels, (w, h))
     scaled = resized_size(width, height, max_side, size, fit)
-    if scaled is not None and scaled != (width, height):
-        cv2 = _cv2()
-        shrink = min(scaled[0] / width, scaled[1] / height)
-        method = cv2.INTER_AREA if shrink < 0.5 else cv2.INTER_LINEAR
-        # OpenCV takes up to 4 channels, and returns a 2-D array for one.
-        pixels = cv2.resize(np.ascontiguousarray(pixels), scaled, interpolation=method)
-        pixels = pixels.reshape(scaled[1], scaled[0], channels)
+    if scaled is not None:
+        pixels = _scaled(pixels, scaled)
     if size is None or fit == "stretch" or pixels.shape[:2] == size:
         return pixels
-    height, width = size
-    if fit == "crop":
-        top, left = (pixels.shape[0] - height) // 2, (pixels.shape[1] - width) // 2
-        return np.ascontiguousarray(pixels[top : top + height, left : left + width])
-    canvas = np.zeros((height, width, channels), np.uint8)
-    top, left = (height - pixels.shape[0]) // 2, (width - pixels.shape[1]) // 2
+    canvas = np.zeros((*size, channels), np.uint8)
+    top, left = (size[0] - pixels.shape[0]) // 2, (size[1] - pixels.shape[1]) // 2
     canvas[top : top + pixels.shape[0], left : left + pixels.shape[1]] = pixels
     return canvas
+
+
+def _scaled(pixels: np.ndarray, to: tuple[int, int]) -> np.ndarray:
+    """``pixels`` scaled to ``to`` (width, height): itself if it already is that size and
+    contiguous, else a new array."""
+    height, width, channels = pixels.shape
+    if (width, height) == to:
+        return np.ascontiguousarray(pixels)
+    cv2 = _cv2()
+    method = cv2.INTER_AREA if min(to[0] / width, to[1] / height) < 0.5 else cv2.INTER_LINEAR
+    # OpenCV reads views with strided rows as they are, takes up to 4 channels, and returns a
+    # 2-D array for one.
+    return cv2.resize(pixels, to, interpolation=method).reshape(to[1], to[0], channels)

@@ -86,3 +86,19 @@ def test_a_strong_shrink_averages_fine_detail_instead_of_sampling_it() -> None:
     noise = np.random.default_rng(0).integers(0, 256, (800, 800, 3), np.uint8)
     out = resizing.resize(noise, size=(100, 100))
     assert out.std() < noise.std() / 4
+
+
+@pytest.mark.parametrize(("shape", "size"), [((360, 250), (224, 224)), ((120, 400), (64, 96))])
+def test_crop_scales_the_centre_box_as_pillow_would(
+    shape: tuple[int, int], size: tuple[int, int]
+) -> None:
+    """ "crop" scales only the centre box of the target's aspect ratio: Pillow's resize of that
+    box (``box=``) gives the same image within a grey level."""
+    pixels = _smooth(*shape)
+    out = resizing.resize(pixels, size=size, fit="crop")
+    (height, width), (h, w) = shape, size
+    box_w, box_h = min(width, round(height * w / h)), min(height, round(width * h / w))
+    left, top = (width - box_w) // 2, (height - box_h) // 2
+    box = (left, top, left + box_w, top + box_h)
+    expected = np.asarray(Image.fromarray(pixels).resize((w, h), Image.BILINEAR, box=box))
+    assert out.shape == (h, w, 3) and np.abs(out.astype(int) - expected).mean() < 1.0
