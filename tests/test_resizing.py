@@ -102,3 +102,16 @@ def test_crop_scales_the_centre_box_as_pillow_would(
     box = (left, top, left + box_w, top + box_h)
     expected = np.asarray(Image.fromarray(pixels).resize((w, h), Image.BILINEAR, box=box))
     assert out.shape == (h, w, 3) and np.abs(out.astype(int) - expected).mean() < 1.0
+
+
+@pytest.mark.parametrize("channels", [2, 4])  # LA, RGBA
+def test_a_transparent_pixels_colour_does_not_bleed_into_visible_ones(channels: int) -> None:
+    """Colour is weighted by alpha while it is scaled, as Pillow weights it: shrinking opaque
+    white beside transparent black gives white pixels of lower alpha at the edge, not grey."""
+    pixels = np.zeros((40, 40, channels), np.uint8)
+    pixels[:, :21] = 255  # opaque white; the right half is transparent black
+    for size, fit in [((10, 13), "stretch"), ((13, 7), "crop"), ((30, 30), "pad")]:
+        out = resizing.resize(pixels, size=size, fit=fit)
+        alpha = out[:, :, -1]
+        assert out.shape == (*size, channels) and ((0 < alpha) & (alpha < 255)).any()
+        assert (out[:, :, :-1][alpha > 0] >= 254).all()  # every visible pixel stays white
