@@ -94,7 +94,7 @@ NOTES = [
     "limits read in file order; the reader reads its chunks in a shuffled order",
     "DataLoader vs 'transform resize': the same work (decode + resize per epoch); 'size=': "
     "the reader's own resize (JPEGs decoded at a reduced scale first, then OpenCV's bilinear, "
-    "area below 1/2: packer/resizing.py); 'packed at': "
+    "a whole-factor box average first below 1/2: packer/resizing.py); 'packed at': "
     "resized at pack time (shown, not judged)",
 ]
 Run = Callable[[], dict[str, float]]
