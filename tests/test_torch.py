@@ -59,6 +59,27 @@ def test_dataloader_workers_read_every_record_exactly_once(
     assert labels.dtype == torch.int64
 
 
+def test_forked_workers_resize_after_the_parent_did(tmp_path: Path) -> None:
+    """OpenCV runs a large resize on a pool of its own threads; a child forked from a process
+    whose pool has run once must still resize (older OpenCV builds hung there, a classic
+    DataLoader deadlock). The parent resizes with a reader first, its threads still running."""
+    for i in range(6):
+        write_image(tmp_path / "images" / "a" / f"{i}.jpg", size=(1600, 1200), seed=i)
+    store = tmp_path / "big.lmdb"
+    pack(tmp_path / "images", store, PackOptions(seed=0, workers=2))
+    # Too near full size for a reduced-scale decode: OpenCV resizes every full 1600x1200 image.
+    sized = {"size": (900, 1100), "fit": "stretch"}
+    with open_reader(store, batch_size=3, across_epochs=True, **sized) as reader:
+        images, _ = next(iter(reader))  # OpenCV's pool has run here; prefetch goes on
+        assert images.shape == (3, 900, 1100, 3)
+        dataset = TorchDataset(store, batch_size=3, seed=0, **sized)
+        loader = DataLoader(
+            dataset, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120
+        )
+        shapes = [tuple(images.shape) for images, _ in loader]
+    assert shapes == [(3, 900, 1100, 3)] * 2
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_times_workers_cover_the_store_once(store: Path, world: int) -> None:
     seen: Counter[str] = Counter()
