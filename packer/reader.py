@@ -75,7 +75,7 @@ class ReaderOptions:
     verify: bool = True
     mode: str | None = None  # colour mode to decode to; None: the store's own
     # Resize every image to (height, width) as it is decoded (JPEGs at a reduced scale
-    # first), ``fit`` as for packing: "crop", "pad" or "stretch".
+    # first, then packer.resizing), ``fit`` as for packing: "crop", "pad" or "stretch".
     size: tuple[int, int] | None = None
     fit: str = "crop"
     output: str = "numpy"  # or "torch"
