@@ -72,8 +72,8 @@ def _smooth(height: int, width: int) -> np.ndarray:
 
 @pytest.mark.parametrize("scale", [0.9, 0.62, 0.51, 0.3, 0.1])
 def test_a_shrunk_image_matches_pillows_antialiased_resize(scale: float) -> None:
-    """Within a grey level or two of Pillow's bilinear (a filter as wide as the shrink), the
-    resize users had before, at shrinks above and below 1/2."""
+    """Within a grey level on average of Pillow's bilinear, whose filter widens with the
+    shrink (what torchvision's Resize does to Pillow images), above and below 1/2."""
     pixels = _smooth(360, 355)
     out = resizing.resize(pixels, max_side=round(360 * scale))
     expected = np.asarray(Image.fromarray(pixels).resize(out.shape[1::-1], Image.BILINEAR))
@@ -81,8 +81,9 @@ def test_a_shrunk_image_matches_pillows_antialiased_resize(scale: float) -> None
 
 
 def test_a_strong_shrink_averages_fine_detail_instead_of_sampling_it() -> None:
-    """Below 1/2 every source pixel counts (INTER_AREA): noise shrunk 8x has about 1/8 of its
-    spread left. A filter of fixed width (bilinear) samples a few pixels and keeps ~1/2."""
+    """Below 1/2 every source pixel counts (a box average first): noise shrunk 8x has about
+    1/8 of its spread left. A filter of fixed width (bilinear) samples a few pixels and keeps
+    about 1/2."""
     noise = np.random.default_rng(0).integers(0, 256, (800, 800, 3), np.uint8)
     out = resizing.resize(noise, size=(100, 100))
     assert out.std() < noise.std() / 4
