@@ -24,6 +24,7 @@ from PIL import Image, ImageOps
 from packer.access import open_store
 from packer.options import PackOptions
 from packer.pack import PackResult, pack
+from packer.reader import open_reader
 
 NOT_AN_IMAGE = "not an image (Pillow cannot identify it)"
 # Files in the corpus that are not images at all, and have no entry in expected.json.
@@ -166,6 +167,25 @@ def test_every_record_decodes_to_upright_rgb_uint8(packed: Packed) -> None:
                 record.path
             )
             assert labels.shape == (0,)
+
+
+@pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")  # hopper_bad_exif.jpg
+@pytest.mark.parametrize("mode", ["RGB", "L", "keep"])
+def test_every_record_is_read_at_a_fixed_size_in_every_fit(packed: Packed, mode: str) -> None:
+    """Odd modes (16-bit grey, CMYK, palette with transparency, LA), 1-pixel-high images and
+    EXIF turns all come out at the size asked for, through OpenCV's resize."""
+    count = len(open_store(packed.result.store))
+    for fit in ("crop", "pad", "stretch"):
+        options = {"size": (37, 53), "fit": fit, "mode": mode, "with_paths": True}
+        with open_reader(packed.result.store, batch_size=16, **options) as reader:
+            seen = 0
+            for images, _, paths in reader:
+                channels = {"RGB": {3}, "L": {1}, "keep": {1, 2, 3, 4}}[mode]
+                for image, path in zip(images, paths, strict=True):
+                    assert image.dtype == np.uint8 and image.shape[:2] == (37, 53), path
+                    assert image.shape[2] in channels, path
+                seen += len(paths)
+            assert seen == count
 
 
 def test_orientation_rectangle_comes_out_upright(packed: Packed) -> None:
