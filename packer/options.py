@@ -9,11 +9,11 @@ from typing import Any
 
 from packer.errors import UsageError
 from packer.imaging import DEFAULT_MAX_PIXELS, MODES
+from packer.resizing import FITS
 
 __all__ = ["PackOptions", "parse_size", "parse_hw", "default_workers"]
 
 ENCODINGS = ("jpeg", "png", "webp")
-FITS = ("crop", "pad", "stretch")
 CHECKS = ("full", "header")
 ON_ERROR = ("skip", "fail")
 COMPRESSIONS = ("gzip", "lzf")
@@ -123,6 +123,12 @@ class PackOptions:
             raise UsageError(f"--quality must be between 1 and 100, not {self.quality}")
         if self.workers < 0:
             raise UsageError(f"--workers must be 0 (all cores) or more, not {self.workers}")
+        if self.size is not None and self.size[0] * self.size[1] > self.max_pixels:
+            height, width = self.size
+            raise UsageError(
+                f"--size {height}x{width} is {height * width:,} pixels, "
+                f"over the limit of {self.max_pixels:,} (--max-pixels)"
+            )
         if self.mode == "keep" and self.encode == "jpeg":
             raise UsageError(
                 "JPEG cannot keep alpha channels; use --mode RGB or L, or --encode png"

@@ -32,9 +32,10 @@ from packer import epoch as plan
 from packer.access import open_manifest
 from packer.batching import Batch
 from packer.errors import StoreError, UsageError
-from packer.options import FITS
+from packer.imaging import DEFAULT_MAX_PIXELS
 from packer.prefetch import Prefetcher
 from packer.produce import EPOCH_END, Producer
+from packer.resizing import FITS
 
 __all__ = ["ReaderOptions", "Reader", "open_reader"]
 
@@ -107,6 +108,11 @@ class ReaderOptions:
             pair = isinstance(self.size, (tuple, list)) and len(self.size) == 2
             if not pair or not all(isinstance(v, int) and v > 0 for v in self.size):
                 raise UsageError(f"size must be (height, width) in pixels, not {self.size!r}")
+            if self.size[0] * self.size[1] > DEFAULT_MAX_PIXELS:  # as a pack refuses images
+                raise UsageError(
+                    f"size {tuple(self.size)} is {self.size[0] * self.size[1]:,} pixels, over "
+                    f"the limit of {DEFAULT_MAX_PIXELS:,} a store's images are held to"
+                )
             if not self.decode:
                 raise UsageError("size needs decode=True: encoded bytes cannot be resized")
             object.__setattr__(self, "size", tuple(self.size))  # a list would not hash

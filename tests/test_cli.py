@@ -70,6 +70,7 @@ def test_skipped_files_are_listed_in_the_summary(image_dir: Path, tmp_path: Path
     [
         (["out.zip"], "name it .lmdb or .h5, or pass --backend"),
         (["out.lmdb", "--size", "big"], "size 'big' not understood"),
+        (["out.lmdb", "--size", "100000x100000"], "10,000,000,000 pixels, over the limit"),
         (["out.lmdb", "--shard-size", "lots"], "size 'lots' not understood"),
         (["out.lmdb", "--raw", "--encode", "png"], "cannot be combined with --encode"),
         (["out.lmdb", "--compression", "gzip"], "HDF5 stores only"),

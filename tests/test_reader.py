@@ -429,6 +429,9 @@ def test_bad_options_are_refused(stores: dict[str, Path]) -> None:
     ]:
         with pytest.raises(UsageError):
             open_reader(stores["lmdb"], **bad)
+    # A size no image could be resized to says so, before any read (not "does not decode").
+    with pytest.raises(UsageError, match="1,000,000,000,000 pixels, over the limit"):
+        open_reader(stores["lmdb"], batch_size=2, size=(10**6, 10**6))
 
 
 def test_reader_pickles_as_path_and_options(stores: dict[str, Path]) -> None:
