@@ -108,10 +108,10 @@ class ReaderOptions:
             pair = isinstance(self.size, (tuple, list)) and len(self.size) == 2
             if not pair or not all(isinstance(v, int) and v > 0 for v in self.size):
                 raise UsageError(f"size must be (height, width) in pixels, not {self.size!r}")
-            if self.size[0] * self.size[1] > DEFAULT_MAX_PIXELS:  # as a pack refuses images
+            if self.size[0] * self.size[1] > DEFAULT_MAX_PIXELS:
                 raise UsageError(
                     f"size {tuple(self.size)} is {self.size[0] * self.size[1]:,} pixels, over "
-                    f"the limit of {DEFAULT_MAX_PIXELS:,} a store's images are held to"
+                    f"the limit of {DEFAULT_MAX_PIXELS:,} the reader decodes an image to"
                 )
             if not self.decode:
                 raise UsageError("size needs decode=True: encoded bytes cannot be resized")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -116,3 +120,26 @@ def test_a_transparent_pixels_colour_does_not_bleed_into_visible_ones(channels: 
         alpha = out[:, :, -1]
         assert out.shape == (*size, channels) and ((alpha > 0) & (alpha < 255)).any()
         assert (out[:, :, :-1][alpha > 0] >= 254).all()  # every visible pixel stays white
+
+
+def test_opencv_is_imported_by_a_reader_that_resizes_and_by_nothing_else(tmp_path: Path) -> None:
+    """The CLI and a reader without ``size`` do not pay OpenCV's import (76 ms); a reader with
+    ``size`` imports it as it opens, before its threads start (a fork during an import in
+    another thread would leave the child a lock it can never take)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (30, 40, 3), np.uint8)
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    Image.fromarray(pixels).save(tmp_path / "images" / "a" / "x.png")
+    script = f"""
+import sys
+import packer.cli
+from packer import open_reader, pack, PackOptions
+pack({str(tmp_path / "images")!r}, {str(tmp_path / "s.lmdb")!r}, PackOptions(workers=1))
+assert "cv2" not in sys.modules, "imported by the CLI or a pack without a resize"
+open_reader({str(tmp_path / "s.lmdb")!r}, batch_size=1).close()
+assert "cv2" not in sys.modules, "imported by a reader without size"
+reader = open_reader({str(tmp_path / "s.lmdb")!r}, batch_size=1, size=(8, 8))
+assert "cv2" in sys.modules, "not imported before the reader's threads start"
+reader.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
