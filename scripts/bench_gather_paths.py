@@ -26,7 +26,7 @@ import mmap
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import h5py
@@ -90,34 +90,35 @@ def hdf5_window_take(path: Path, epochs: int) -> None:
                     kept.append(np.take(window, part, axis=0, out=batch, mode="clip"))
 
 
-def hdf5_map_grouped(path: Path, epochs: int) -> None:
-    maps, kept = H5Maps(path), deque(maxlen=ALIVE)
+def shuffled_batches(num_records: int, epochs: int) -> Iterator[np.ndarray]:
+    """The record numbers of each batch, in the order the window shuffle gives them."""
     for epoch in range(epochs):
-        for w in windows(maps.shape[0], epoch):
+        for w in windows(num_records, epoch):
             records = np.concatenate([np.arange(s.start, s.stop) for s in w])
             order = np.random.default_rng(epoch).permutation(len(records))
-            for part in batches_of(records[order]):
-                chunk, row = maps.where(part)
-                by_chunk = np.argsort(chunk, kind="stable")
-                chunk, row = chunk[by_chunk], row[by_chunk]
-                batch = np.empty((len(part), *maps.shape[1:]), np.uint8)
-                bounds = np.flatnonzero(np.diff(chunk)) + 1
-                for a, b in zip([0, *bounds], [*bounds, len(part)]):
-                    np.take(maps.chunks[chunk[a]], row[a:b], axis=0, out=batch[a:b], mode="clip")
-                kept.append(batch)
+            yield from batches_of(records[order])
+
+
+def hdf5_map_grouped(path: Path, epochs: int) -> None:
+    maps, kept = H5Maps(path), deque(maxlen=ALIVE)
+    for part in shuffled_batches(maps.shape[0], epochs):
+        chunk, row = maps.where(part)
+        by_chunk = np.argsort(chunk, kind="stable")
+        chunk, row = chunk[by_chunk], row[by_chunk]
+        batch = np.empty((len(part), *maps.shape[1:]), np.uint8)
+        bounds = np.flatnonzero(np.diff(chunk)) + 1
+        for a, b in zip([0, *bounds], [*bounds, len(part)]):
+            np.take(maps.chunks[chunk[a]], row[a:b], axis=0, out=batch[a:b], mode="clip")
+        kept.append(batch)
 
 
 def hdf5_map_per_record(path: Path, epochs: int) -> None:
     maps, kept = H5Maps(path), deque(maxlen=ALIVE)
-    for epoch in range(epochs):
-        for w in windows(maps.shape[0], epoch):
-            records = np.concatenate([np.arange(s.start, s.stop) for s in w])
-            order = np.random.default_rng(epoch).permutation(len(records))
-            for part in batches_of(records[order]):
-                batch = np.empty((len(part), *maps.shape[1:]), np.uint8)
-                for i, (c, r) in enumerate(zip(*(x.tolist() for x in maps.where(part)))):
-                    batch[i] = maps.chunks[c][r]
-                kept.append(batch)
+    for part in shuffled_batches(maps.shape[0], epochs):
+        batch = np.empty((len(part), *maps.shape[1:]), np.uint8)
+        for i, (c, r) in enumerate(zip(*(x.tolist() for x in maps.where(part)))):
+            batch[i] = maps.chunks[c][r]
+        kept.append(batch)
 
 
 def lmdb_read(txn: lmdb.Transaction, span: plan.Span, targets: list[memoryview]) -> None:
