@@ -28,6 +28,7 @@ import msgpack
 import numpy as np
 
 from packer.record import Block, Record, pack_value, unpack_value
+from packer.store import mapped_pages
 from packer.store.base import ShardMeta
 
 __all__ = [
@@ -51,6 +52,11 @@ _COMMIT_RECORDS = 8192
 # checksums and paths; a reader decodes one or two groups per chunk.
 GROUP = 4096
 _CACHED_GROUPS = 16  # decoded column groups a shard reader keeps (a few MB at most)
+# Bytes read through the shards' maps after which a process unmaps every page it has read
+# (see _Environments.count_read), so that mapped pages never take more memory than about
+# this, whatever the store's size. Pages re-read after a sweep are mapped again from the
+# page cache: about one minor fault per 16 pages, far below the cost of the read itself.
+_MAPPED_BYTES = 16 << 20
 
 
 def record_key(index: int) -> bytes:
@@ -180,6 +186,7 @@ class _Environments:
     LMDB forbids opening one file twice in a process (py-lmdb raises, and closing one handle
     would drop the other's locks), yet a process may well hold two readers of one store.
     After a fork the child never uses the parent's environments; it closes them (see acquire).
+    It also keeps the pages read through the maps from piling up in the process (count_read).
     """
 
     def __init__(self) -> None:
@@ -187,7 +194,8 @@ class _Environments:
         # entry is [environment, users], counted in place, so such a release is never lost.
         self._lock = threading.RLock()
         self._pid = os.getpid()
-        self._open: dict[str, list[Any]] = {}
+        self._open: dict[str, list[Any]] = {}  # path -> [environment, users, map span]
+        self._unswept = 0  # bytes read through the maps since their pages were last dropped
 
     def acquire(self, path: Path) -> lmdb.Environment:
         key = os.path.realpath(path)
@@ -196,7 +204,7 @@ class _Environments:
                 # A forked child: py-lmdb (3.0) still counts the parent's environments as open
                 # here and refuses to open their files again. Closing the inherited handles
                 # frees the slot; read-only and lock=False, that only unmaps the child's copy.
-                for inherited, _ in self._open.values():
+                for inherited, *_ in self._open.values():
                     inherited.close()
                 self._open, self._pid = {}, os.getpid()
             entry = self._open.get(key)
@@ -209,8 +217,11 @@ class _Environments:
                     max_spare_txns=0,  # cached read txns must not outlive a fork (py-lmdb docs)
                     max_dbs=0,
                 )
-                _refuse_short(env, key)
-                entry = self._open[key] = [env, 0]
+                used = _refuse_short(env, key)
+                with env.begin(buffers=True) as txn:
+                    view = txn.get(META_KEY)
+                    span = None if view is None else mapped_pages.map_span(view, used)
+                entry = self._open[key] = [env, 0, span]
             entry[1] += 1
             return entry[0]
 
@@ -225,11 +236,26 @@ class _Environments:
                 del self._open[key]
                 entry[0].close()
 
+    def count_read(self, nbytes: int) -> None:
+        """Count ``nbytes`` read through the maps. Past _MAPPED_BYTES, every page of every
+        open map is unmapped from this process (see packer.store.mapped_pages)."""
+        self._unswept += nbytes
+        if self._unswept < _MAPPED_BYTES:
+            return
+        # Under the lock: no map is closed, and its addresses reused, during the sweep.
+        with self._lock:
+            self._unswept = 0
+            if self._pid != os.getpid():  # a forked child's inherited maps: acquire closes them
+                return
+            for _, _, span in self._open.values():
+                if span is not None:
+                    mapped_pages.drop_pages(span)
 
-def _refuse_short(env: lmdb.Environment, path: str) -> None:
-    """Close ``env`` and raise ValueError if its file ends before its last page: LMDB maps
-    the file, and touching a page past its end kills the process (SIGBUS), whatever the
-    manifest says of the file's size."""
+
+def _refuse_short(env: lmdb.Environment, path: str) -> int:
+    """The bytes of ``env``'s pages. Closes ``env`` and raises ValueError if its file ends
+    before its last page: LMDB maps the file, and touching a page past its end kills the
+    process (SIGBUS), whatever the manifest says of the file's size."""
     needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     size = os.path.getsize(path)
     if size < needed:
@@ -237,6 +263,7 @@ def _refuse_short(env: lmdb.Environment, path: str) -> None:
         raise ValueError(
             f"{path}: truncated: its pages need {needed:,} bytes, the file has {size:,}"
         )
+    return needed
 
 
 _ENVIRONMENTS = _Environments()
@@ -287,6 +314,7 @@ class LmdbShardReader:
         flat = out.reshape(-1).data if out is not None else None
         row_bytes = out[0].nbytes if out is not None and len(out) else 0
         shape = list(out.shape[1:]) if out is not None else []
+        nbytes = 0
         # buffers=True: values are views of the map, valid inside this transaction; a
         # payload is copied out once, into ``out`` or into its own bytes.
         with self._env.begin(buffers=True) as txn:
@@ -310,7 +338,9 @@ class LmdbShardReader:
                 else:
                     record.data = bytes(record.data)
                 records.append(record)
+                nbytes += len(value)
                 cursor.next()
+        _ENVIRONMENTS.count_read(nbytes)
         block = _to_block(records, self.meta.get("num_label_columns", 0))
         if out is not None:
             block.data = out[: stop - start]
@@ -350,6 +380,7 @@ class LmdbShardReader:
                 raise ValueError(f"{self.path}: records {start}..{stop - 1} are not all there")
             groups = range(start // GROUP, -(-stop // GROUP))
             parts = [(self._group(txn, g), g * GROUP) for g in groups]
+        _ENVIRONMENTS.count_read(at)
         cuts = [slice(max(start - first, 0), stop - first) for _, first in parts]
         columns = int(self.meta["num_label_columns"])
         return Block(
@@ -429,6 +460,7 @@ class LmdbShardReader:
             value = txn.get(record_key(index))
         if value is None:
             raise ValueError(f"{self.path}: record {index} is missing")
+        _ENVIRONMENTS.count_read(len(value))
         return unpack_value(value)  # a view of ``value``, a bytes object of its own
 
     def read_labels(self) -> np.ndarray:
@@ -442,6 +474,7 @@ class LmdbShardReader:
             labels = [
                 unpack_value(value).labels for key, value in txn.cursor() if bytes(key) != META_KEY
             ]
+        _ENVIRONMENTS.count_read(self._env.stat()["psize"] * (self._env.info()["last_pgno"] + 1))
         return np.array(labels, np.int64).reshape(len(labels), columns)
 
     def close(self) -> None:

@@ -1,0 +1,85 @@
+"""Reading an LMDB store does not leave the whole store mapped in the reading process."""
+
+from __future__ import annotations
+
+import mmap
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_image
+from PIL import Image
+
+from packer import PackOptions, open_reader, pack
+from packer.store import lmdb_store
+from packer.store.mapped_pages import map_span
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="pages are unmapped on Linux only"
+)
+
+
+def _mapped_kb(path: Path) -> int | None:
+    """Resident kB of this process's map of the file at ``path``; None if it is not mapped."""
+    total, inside, found = 0, False, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = line.endswith(str(path))
+            found = found or inside
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total if found else None
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["columns layout", "records layout"])
+def test_read_pages_are_unmapped_past_the_budget_and_reads_stay_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: bool
+) -> None:
+    images = tmp_path / "images"
+    paths = [write_image(images / "cls" / f"{i:03}.png", size=(64, 64), seed=i) for i in range(64)]
+    store = tmp_path / "out.lmdb"
+    options = PackOptions(backend="lmdb", seed=0, raw=raw, size=(64, 64) if raw else None)
+    pack(images, store, options)
+    shard = (store / "shard-00000.lmdb").resolve()
+    assert shard.stat().st_size > 600_000  # 64 records of 12 kB (raw) or more (PNG noise)
+
+    monkeypatch.setattr(lmdb_store, "_MAPPED_BYTES", 64 << 10)
+    expected = {
+        p.relative_to(images).as_posix(): np.asarray(Image.open(p).convert("RGB")) for p in paths
+    }
+    seen = 0
+    with open_reader(store, batch_size=16, shuffle=False, with_paths=True) as reader:
+        for epoch in range(2):  # the second epoch reads pages the first one unmapped
+            for images_, _, names in reader.epoch(epoch):
+                for image, name in zip(images_, names):
+                    np.testing.assert_array_equal(image, expected[name])
+                    seen += 1
+        mapped = _mapped_kb(shard)
+    assert seen == 128
+    # Without the sweep every page read stays mapped: the whole file.
+    assert mapped is not None, "the reader's map of the shard is not in /proc/self/smaps"
+    assert mapped * 1024 < shard.stat().st_size / 2
+
+
+def test_map_span_takes_only_a_read_only_shared_map_of_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 64)  # 16 kB
+    assert map_span(memoryview(np.zeros(4096, np.uint8)), 4096) is None  # anonymous memory
+    with path.open("rb") as f:
+        shared = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ, flags=mmap.MAP_SHARED)
+        private = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ, flags=mmap.MAP_PRIVATE)
+        writable = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        view = memoryview(shared)
+        span = map_span(view[5000:6000], 8192)
+        address = np.frombuffer(view, np.uint8).ctypes.data
+        assert span == (address, 8192)  # from the map's start, at most the length asked
+        assert map_span(view[:0], 8192) is None
+        for other in (private, writable):  # dropping pages of these could lose data
+            assert map_span(memoryview(other)[100:200], 8192) is None
+        del view
+    finally:
+        for m in (shared, private, writable):
+            m.close()
