@@ -12,6 +12,7 @@ from conftest import write_image
 from PIL import Image
 
 from packer import PackOptions, open_reader, pack
+from packer.reader import Reader
 from packer.store import lmdb_store
 from packer.store.mapped_pages import map_span
 
@@ -33,34 +34,58 @@ def _mapped_kb(path: Path) -> int | None:
     return total if found else None
 
 
+def _pack(tmp_path: Path, raw: bool) -> tuple[Path, dict[str, np.ndarray]]:
+    """A one-shard LMDB store of 64 noise images; and each image's pixels by Pillow."""
+    images = tmp_path / "images"
+    paths = [write_image(images / "cls" / f"{i:03}.png", size=(64, 64), seed=i) for i in range(64)]
+    store = tmp_path / "out.lmdb"
+    pack(
+        images, store, PackOptions(backend="lmdb", seed=0, raw=raw, size=(64, 64) if raw else None)
+    )
+    assert (store / "shard-00000.lmdb").stat().st_size > 600_000  # 64 x 12 kB (raw) or more
+    return store, {
+        p.relative_to(images).as_posix(): np.asarray(Image.open(p).convert("RGB")) for p in paths
+    }
+
+
+def _read_epoch(reader: Reader, epoch: int, expected: dict[str, np.ndarray]) -> None:
+    seen = 0
+    for batch, _, names in reader.epoch(epoch):
+        for image, name in zip(batch, names):
+            np.testing.assert_array_equal(image, expected[name])
+            seen += 1
+    assert seen == len(expected)
+
+
 @pytest.mark.parametrize("raw", [True, False], ids=["columns layout", "records layout"])
 def test_read_pages_are_unmapped_past_the_budget_and_reads_stay_right(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raw: bool
 ) -> None:
-    images = tmp_path / "images"
-    paths = [write_image(images / "cls" / f"{i:03}.png", size=(64, 64), seed=i) for i in range(64)]
-    store = tmp_path / "out.lmdb"
-    options = PackOptions(backend="lmdb", seed=0, raw=raw, size=(64, 64) if raw else None)
-    pack(images, store, options)
-    shard = (store / "shard-00000.lmdb").resolve()
-    assert shard.stat().st_size > 600_000  # 64 records of 12 kB (raw) or more (PNG noise)
-
     monkeypatch.setattr(lmdb_store, "_MAPPED_BYTES", 64 << 10)
-    expected = {
-        p.relative_to(images).as_posix(): np.asarray(Image.open(p).convert("RGB")) for p in paths
-    }
-    seen = 0
+    store, expected = _pack(tmp_path, raw)
+    shard = (store / "shard-00000.lmdb").resolve()
     with open_reader(store, batch_size=16, shuffle=False, with_paths=True) as reader:
         for epoch in range(2):  # the second epoch reads pages the first one unmapped
-            for images_, _, names in reader.epoch(epoch):
-                for image, name in zip(images_, names):
-                    np.testing.assert_array_equal(image, expected[name])
-                    seen += 1
+            _read_epoch(reader, epoch, expected)
         mapped = _mapped_kb(shard)
-    assert seen == 128
-    # Without the sweep every page read stays mapped: the whole file.
     assert mapped is not None, "the reader's map of the shard is not in /proc/self/smaps"
+    # Without the sweep every page read stays mapped: the whole file.
     assert mapped * 1024 < shard.stat().st_size / 2
+
+
+def test_maps_within_the_budget_stay_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unmapping what fits in the budget would only make the next epoch map it again."""
+    monkeypatch.setattr(lmdb_store, "_MAPPED_BYTES", 2 << 20)  # twice the shard
+    store, expected = _pack(tmp_path, raw=True)
+    shard = (store / "shard-00000.lmdb").resolve()
+    with open_reader(store, batch_size=16, shuffle=False, with_paths=True) as reader:
+        _read_epoch(reader, 0, expected)
+        lmdb_store._ENVIRONMENTS.count_read(2 << 20)  # as if as much again had been read
+        mapped = _mapped_kb(shard)
+    assert mapped is not None
+    assert mapped * 1024 > shard.stat().st_size * 3 / 4
 
 
 def test_map_span_takes_only_a_read_only_shared_map_of_a_file(tmp_path: Path) -> None:
