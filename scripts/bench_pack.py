@@ -21,6 +21,9 @@ bytes), for each backend:
      manifest's own size apart.
 
 Targets: packer time / limit time <= 1.3 (1, 2); store size <= 1.02x the sources (4).
+Each run's CPU-seconds (its threads and worker processes, from getrusage) are shown beside
+its seconds: on N cores a run cannot take less than CPU-seconds / N, which bounds a pack
+whose every core is busy (a warm header check on two cores).
 Every figure is the best of ``--repeat`` runs; all measurements are interleaved within each
 repeat, in a new (seeded) order each repeat, so ratios compare runs made side by side and no
 run always follows the same one. 1 and 2 run twice: with the source files warm in the page
@@ -42,6 +45,7 @@ import math
 import os
 import platform
 import random
+import resource
 import shlex
 import shutil
 import sys
@@ -81,6 +85,8 @@ NOTES = [
     "ratio = packer time / limit time; re-encode ratio = speedup over workers=1",
     "turbo = the decode limit with JPEGs decoded by libjpeg-turbo (simplejpeg), as packer's "
     "full check decodes them; the target is judged against the Pillow limit",
+    "CPU s = CPU-seconds of the best run: this process's threads and its worker processes; "
+    "on N cores no run takes less than CPU s / N seconds",
 ]
 
 
@@ -166,18 +172,31 @@ def evict(files: list[Path]) -> None:
             os.close(fd)
 
 
-def timed(fn: Callable[[], float | None], scratch: Path, cold: list[Path] | None = None) -> float:
-    """Seconds ``fn`` takes, or those it returns (a run that keeps set-up off its clock);
-    ``cold``: files evicted from the page cache first, off the clock."""
+def cpu_seconds() -> float:
+    """CPU time so far of this process (all its threads) and of its ended child processes
+    (pool workers, counted once a pool is shut down)."""
+    return sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
+
+
+def timed(
+    fn: Callable[[], float | None], scratch: Path, cold: list[Path] | None = None
+) -> tuple[float, float]:
+    """Seconds ``fn`` takes, or those it returns (a run that keeps set-up off its clock), and
+    the CPU-seconds it used; ``cold``: files evicted from the page cache first, off the clock."""
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     if cold:
         evict(cold)
+    cpu = cpu_seconds()
     started = time.perf_counter()
     own = fn()
     seconds = time.perf_counter() - started if own is None else own
+    cpu = cpu_seconds() - cpu
     shutil.rmtree(scratch)
-    return seconds
+    return seconds, cpu
 
 
 def plan(
@@ -218,33 +237,42 @@ def plan(
     return runs
 
 
+Times = dict[str, list[tuple[float, float]]]  # run name -> (seconds, CPU-seconds) of each repeat
+
+
 def measure(
     runs: dict[str, Callable[[], float | None]], repeat: int, scratch: Path, files: list[Path]
-) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {name: [] for name in runs}
+) -> Times:
+    times: Times = {name: [] for name in runs}
     for r in range(repeat):
         # A new order each repeat (seeded): a run can leave the machine busy for the next
         # (the kernel freeing or writing back a 220 MB store), so none always follows another.
         for name in random.Random(r).sample(list(runs), len(runs)):
             fn = runs[name]
             times[name].append(timed(fn, scratch, files if name.endswith(COLD) else None))
-            print(f"  repeat {r + 1}/{repeat}: {name}: {times[name][-1]:.3f} s", file=sys.stderr)
+            seconds, cpu = times[name][-1]
+            print(
+                f"  repeat {r + 1}/{repeat}: {name}: {seconds:.3f} s, CPU {cpu:.3f} s",
+                file=sys.stderr,
+            )
     return times
 
 
 def figures(
-    data: Dataset, backends: list[str], times: dict[str, list[float]], keep: Kept, workers: int
+    data: Dataset, backends: list[str], times: Times, keep: Kept, workers: int
 ) -> dict[str, Any]:
-    best = {name: min(ts) for name, ts in times.items()}
+    fastest = {name: min(ts) for name, ts in times.items()}  # the best repeat's (seconds, CPU)
+    best = {name: seconds for name, (seconds, _) in fastest.items()}
     n, mb = len(data.files), data.nbytes / 1e6
     rows = {
         name: {
             "seconds": round(t, 4),
+            "cpu_seconds": round(cpu, 4),
             "images_per_s": round(n / t, 1),
             "mb_per_s": round(mb / t, 1),
-            "all_seconds": [round(x, 4) for x in times[name]],
+            "all_seconds": [round(x, 4) for x, _ in times[name]],
         }
-        for name, t in best.items()
+        for name, (t, cpu) in fastest.items()
     }
     targets: list[dict[str, Any]] = []
     sizes: dict[str, dict[str, Any]] = {}
@@ -311,13 +339,13 @@ def render(report: dict[str, Any]) -> str:
         f"best of {report['repeat']} repeat(s)",
         *(f"note: {n}" for n in NOTES),
         "",
-        f"{'measurement':<32}{'seconds':>9}{'images/s':>10}{'MB/s':>8}{'ratio':>8}",
+        f"{'measurement':<32}{'seconds':>9}{'CPU s':>8}{'images/s':>10}{'MB/s':>8}{'ratio':>8}",
     ]
     for name, row in report["timings"].items():
         ratio = f"{row['ratio']:.2f}" if "ratio" in row else ""
         turbo = f"  ({row['vs_turbo_limit']:.2f} vs turbo)" if "vs_turbo_limit" in row else ""
         lines.append(
-            f"{name:<32}{row['seconds']:>9.3f}{row['images_per_s']:>10.1f}"
+            f"{name:<32}{row['seconds']:>9.3f}{row['cpu_seconds']:>8.3f}{row['images_per_s']:>10.1f}"
             f"{row['mb_per_s']:>8.1f}{ratio:>8}{turbo}"
         )
     lines += [

@@ -379,7 +379,9 @@ def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
     assert quiet._thread is not None and not quiet._thread.is_alive()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="the pool forks its workers only where fork exists")
+@pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="the pool forks its workers only where fork exists"
+)
 def test_forked_workers_inherit_pillows_plugins(tmp_path: Path) -> None:
     """Each worker imported every Pillow plugin on its first file (~30 ms of CPU, at the start
     of every pack) until the parent imported them before forking. A fresh process, so that
