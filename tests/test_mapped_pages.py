@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +109,36 @@ def test_map_span_takes_only_a_read_only_shared_map_of_a_file(tmp_path: Path) ->
     finally:
         for m in (shared, private, writable):
             m.close()
+
+
+def test_sweeps_while_other_threads_open_and_close_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep holds the environments' lock: a map closed meanwhile (its addresses free for
+    other memory) is never swept. One thread sweeps at every read while another opens, reads
+    and closes a second store over and over; every pixel read by either must stay right."""
+    monkeypatch.setattr(lmdb_store, "_MAPPED_BYTES", 64 << 10)
+    swept, expected = _pack(tmp_path / "a", raw=True)
+    churned, other = _pack(tmp_path / "b", raw=False)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        try:
+            while not stop.is_set():
+                with open_reader(churned, batch_size=32, shuffle=False, with_paths=True) as r:
+                    _read_epoch(r, 0, other)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        with open_reader(swept, batch_size=8, shuffle=True, seed=1, with_paths=True) as reader:
+            for epoch in range(30):
+                _read_epoch(reader, epoch, expected)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert not errors, errors

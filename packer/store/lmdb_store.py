@@ -56,7 +56,8 @@ _CACHED_GROUPS = 16  # decoded column groups a shard reader keeps (a few MB at m
 # if its open maps are larger than this (see _Environments.count_read): mapped pages then
 # take about this much memory at most, on the scale of a reader's own buffers, whatever the
 # store's size. The price: a store larger than this has its pages mapped again each epoch,
-# ~0.07 ms a MB here (half a memcpy), worth ~30% of a raw read from the page cache.
+# minor faults that made 10 epochs of the reader bench's raw 64x64 store (49 MB) take 1.5x
+# as long from the page cache (README, "Memory"); beside decoding they are lost in the noise.
 _MAPPED_BYTES = 32 << 20
 
 
