@@ -193,11 +193,14 @@ class _Environments:
 
     def __init__(self) -> None:
         # Re-entrant: a reader garbage-collected (its __del__ releasing) inside acquire. Each
-        # entry is [environment, users], counted in place, so such a release is never lost.
+        # entry is [environment, users, map span], counted in place, so such a release is
+        # never lost.
         self._lock = threading.RLock()
         self._pid = os.getpid()
-        self._open: dict[str, list[Any]] = {}  # path -> [environment, users, map span]
-        self._unswept = 0  # bytes read through the maps since their pages were last dropped
+        self._open: dict[str, list[Any]] = {}  # real path -> entry
+        # Bytes read through the maps since the last sweep; counted without the lock, as a
+        # count lost to a race only puts a sweep off a little.
+        self._unswept = 0
 
     def acquire(self, path: Path) -> lmdb.Environment:
         key = os.path.realpath(path)
@@ -261,7 +264,7 @@ def _refuse_short(env: lmdb.Environment, path: str) -> int:
     """The bytes of ``env``'s pages. Closes ``env`` and raises ValueError if its file ends
     before its last page: LMDB maps the file, and touching a page past its end kills the
     process (SIGBUS), whatever the manifest says of the file's size."""
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    needed = _used_bytes(env)
     size = os.path.getsize(path)
     if size < needed:
         env.close()
@@ -269,6 +272,11 @@ def _refuse_short(env: lmdb.Environment, path: str) -> int:
             f"{path}: truncated: its pages need {needed:,} bytes, the file has {size:,}"
         )
     return needed
+
+
+def _used_bytes(env: lmdb.Environment) -> int:
+    """The bytes of ``env``'s file that its pages take, up to its last page."""
+    return int((env.info()["last_pgno"] + 1) * env.stat()["psize"])
 
 
 _ENVIRONMENTS = _Environments()
@@ -479,7 +487,7 @@ class LmdbShardReader:
             labels = [
                 unpack_value(value).labels for key, value in txn.cursor() if bytes(key) != META_KEY
             ]
-        _ENVIRONMENTS.count_read(self._env.stat()["psize"] * (self._env.info()["last_pgno"] + 1))
+        _ENVIRONMENTS.count_read(_used_bytes(self._env))  # one walk over every page, at most
         return np.array(labels, np.int64).reshape(len(labels), columns)
 
     def close(self) -> None:
