@@ -98,3 +98,24 @@ def test_torch_output_on_cpu(store: Path, caplog: pytest.LogCaptureFixture) -> N
     assert isinstance(labels, torch.Tensor) and labels.shape == (16,)
     if not torch.cuda.is_available():
         assert "pin_memory=True ignored: no CUDA device" in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; none here")
+def test_batches_arrive_on_the_gpu_ready_for_the_training_stream(store: Path) -> None:
+    """pin_memory + device="cuda": each batch is copied from pinned memory on a side stream,
+    and the training stream waits for that copy alone. A kernel queued on the training stream
+    at once, with no synchronize, must see the batch's bytes: those of a CPU read of the same
+    epoch (same seed, same order)."""
+    options = {"batch_size": 16, "seed": 5, "output": "torch"}
+    with open_reader(store, **options) as reader:
+        expected = [(images.clone(), labels.clone()) for images, labels in reader.epoch(0)]
+    got = []
+    with open_reader(store, pin_memory=True, device="cuda", **options) as reader:
+        for images, labels in reader.epoch(0):
+            assert images.is_cuda and labels.is_cuda
+            got.append((images.to(torch.int64).sum(), labels))  # queued on the training stream
+    torch.cuda.synchronize()
+    assert len(got) == len(expected) > 1
+    for (total, labels), (cpu_images, cpu_labels) in zip(got, expected):
+        assert total.item() == int(cpu_images.to(torch.int64).sum())
+        assert torch.equal(labels.cpu(), cpu_labels)
