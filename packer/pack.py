@@ -403,7 +403,7 @@ def _prepared_in_order(
     """Results for ``paths`` (of ``sizes`` bytes) in order, one list per task, from the
     pool, through a bounded window of tasks whose files are announced to the kernel."""
     workers = options.num_workers
-    # A header probe takes ~60 us, a decode milliseconds: probes go in bigger tasks, so that
+    # A header probe takes ~35 us, a decode milliseconds: probes go in bigger tasks, so that
     # pool round trips do not outweigh them; decodes in small ones, which balance the workers.
     cap = 128 if options.check == "header" and options.payload == "original" else 32
     task_size = max(1, min(cap, len(paths) // (workers * 8)))

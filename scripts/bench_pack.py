@@ -20,6 +20,9 @@ bytes), for each backend:
   4. store size: sum of ``manifest.shards[*].bytes`` / sum of source file sizes; the
      manifest's own size apart.
 
+Shown too: the header probes alone, every file parsed by ``imaging.probe`` in one process, as
+``check="header"`` does in its pool.
+
 Targets: packer time / limit time <= 1.3 (1, 2); store size <= 1.02x the sources (4).
 Each run's CPU-seconds (its threads and worker processes, from getrusage) are shown beside
 its seconds: on N cores a run cannot take less than CPU-seconds / N, which bounds a pack
@@ -60,7 +63,7 @@ from typing import Any
 import simplejpeg
 from PIL import Image
 
-from packer import PackOptions, pack
+from packer import PackOptions, imaging, pack
 from packer.manifest import MANIFEST_NAME, Manifest
 from packer.options import default_workers
 
@@ -74,6 +77,7 @@ TIME_TARGET = 1.3
 SIZE_TARGET = 1.02
 EXT = {"lmdb": "lmdb", "hdf5": "h5"}
 TURBO_LIMIT = "decode limit (turbo)"
+PROBES = "header probes (1 process)"
 Kept = dict[str, tuple[Manifest, int]]  # run key -> (manifest, manifest file bytes)
 COLD = " (cold)"
 NOTES = [
@@ -87,6 +91,8 @@ NOTES = [
     "full check decodes them; the target is judged against the Pillow limit",
     "CPU s = CPU-seconds of the best run: this process's threads and its worker processes; "
     "on N cores no run takes less than CPU s / N seconds",
+    "header probes = every file's header parsed by imaging.probe (Pillow) in one process, "
+    "as --check header does in the pool: shown, not judged",
 ]
 
 
@@ -135,6 +141,14 @@ def decode_files(paths: list[str], turbo: bool) -> int:
         im.load()
         pixels += im.width * im.height
     return pixels
+
+
+def probe_files(files: list[Path]) -> None:
+    """Every file's header parsed in this process, as packer's ``--check header`` does in its
+    pool (``imaging.probe``, Pillow): that check's CPU, shown beside the copy limit's."""
+    imaging.load_plugins()  # a pack's workers inherit them loaded (packer.pack._start_pool)
+    for path in files:
+        imaging.probe(path)
 
 
 def copy_and_decode(files: list[Path], target: Path, workers: int, turbo: bool) -> float:
@@ -214,6 +228,7 @@ def plan(
         "copy limit": partial(copy_files, data.files, copy_to),
         "decode limit": partial(copy_and_decode, data.files, copy_to, workers, False),
         TURBO_LIMIT: partial(copy_and_decode, data.files, copy_to, workers, True),
+        PROBES: partial(probe_files, data.files),
     }
     for b in backends:
         store = scratch / f"store.{EXT[b]}"

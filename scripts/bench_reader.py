@@ -75,6 +75,7 @@ from PIL import Image
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.manifest import FORMAT_VERSION, MANIFEST_NAME
 from packer.options import default_workers, parse_hw
+from packer.store import lmdb_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
@@ -96,6 +97,8 @@ NOTES = [
     "the reader's own resize (JPEGs decoded at a reduced scale first, then OpenCV's bilinear, "
     "a whole-factor box average first below 1/2: packer/resizing.py); 'packed at': "
     "resized at pack time (shown, not judged)",
+    "pages kept mapped / lmdb*: LMDB readers keep every page they read mapped, as before packer "
+    "unmapped them past 32 MB (packer/store/lmdb_store.py): what bounding RSS costs (shown)",
 ]
 Run = Callable[[], dict[str, float]]
 
@@ -188,6 +191,16 @@ def read(store: Path, epochs: int = 1, step_s: float = 0.0, **options: Any) -> d
                     time.sleep(step_s)
         wait_share = reader.stats()["wait_share"]  # of the last epoch
     return {"images": images, "first_batch_s": first, "wait_share": wait_share}
+
+
+def pages_kept_mapped(run: Run) -> dict[str, float]:
+    """``run`` with LMDB readers keeping every page they read mapped (no sweep)."""
+    budget = lmdb_store._MAPPED_BYTES
+    lmdb_store._MAPPED_BYTES = 1 << 62
+    try:
+        return run()
+    finally:
+        lmdb_store._MAPPED_BYTES = budget
 
 
 def lmdb_walk(store: Path, epochs: int) -> dict[str, float]:
@@ -402,6 +415,10 @@ def plan(
             compares.append(Compare(name, [limit], READ_TARGET))
         compares += [Compare(floor, [limit], None) for floor in (kept, shuffled, queued)]
         compares.append(Compare(f"reader raw {b} verify=False", [queued], None))
+        if b == "lmdb":
+            mapped = "reader raw lmdb verify=False, pages kept mapped"
+            runs[mapped] = partial(pages_kept_mapped, partial(read, store, epochs, verify=False))
+            compares.append(Compare("reader raw lmdb verify=False", [mapped], None))
     with open_store(stores["original lmdb"]) as opened:
         payloads = [bytes(record.data) for record in opened.records()]
     pillow, turbo = "limit decode (all cores)", "limit decode, JPEGs by libjpeg-turbo (all cores)"
@@ -504,6 +521,9 @@ def target(name: str, ratio: float, goal: float | None, lower_is_better: bool) -
 CHILD = r"""
 import json, sys, threading, time
 from packer import open_reader
+from packer.store import lmdb_store
+if sys.argv[3:] == ["keep-mapped"]:  # see pages_kept_mapped
+    lmdb_store._MAPPED_BYTES = 1 << 62
 def status():
     fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
     return {k: int(fields[k].split()[0]) * 1024 for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
@@ -527,8 +547,9 @@ print(json.dumps({"before": before["VmRSS"], "hwm": status()["VmHWM"], "anon": p
 """
 
 
-def memory_child(store: Path, options: dict[str, Any]) -> dict[str, Any]:
+def memory_child(store: Path, options: dict[str, Any], keep_mapped: bool = False) -> dict[str, Any]:
     argv = [sys.executable, "-c", CHILD, str(store), json.dumps(options)]
+    argv += ["keep-mapped"] if keep_mapped else []
     done = subprocess.run(argv, capture_output=True, text=True, check=True)
     return dict(json.loads(done.stdout.splitlines()[-1]))
 
@@ -546,16 +567,20 @@ def memory_part(args: argparse.Namespace) -> dict[str, Any]:
             packed(f, args.workdir / "stores" / f"raw32-{f.root.name}.{EXT[b]}", raw)
             for f in folders
         ]
-        for chunk in (256, None):  # a fixed chunk size; then the default, which grows with n
+        # A fixed chunk size; the default, which grows with n; for LMDB, the fixed one with
+        # every page read kept mapped (shown: what unmapping them saves).
+        settings = [(256, False), (None, False)] + ([(256, True)] if b == "lmdb" else [])
+        for chunk, kept in settings:
             options = {"batch_size": BATCH, "shuffle": True, "workers": WORKERS}
-            got = [
-                memory_child(s, options | ({"chunk_size": chunk} if chunk else {})) for s in stores
-            ]
+            options |= {"chunk_size": chunk} if chunk else {}
+            got = [memory_child(s, options, keep_mapped=kept) for s in stores]
+            label = f"{b}*" if kept else b
             for g in got:
                 g["formula"] = 8 * g["chunk_size"] * record + (4 + WORKERS + 2) * BATCH * record
-                rows.append({"backend": b, **g})
-            setting = f"{b} {f'chunk_size={chunk}' if chunk else 'default chunk_size'}"
-            for key, goal in (("hwm", FLAT_TARGET), ("anon", None)):
+                rows.append({"backend": label, **g})
+            setting = f"{label} {f'chunk_size={chunk}' if chunk else 'default chunk_size'}"
+            for key, judged in (("hwm", not kept), ("anon", False)):
+                goal = FLAT_TARGET if judged else None
                 name = (
                     f"memory {setting}: {'VmHWM' if key == 'hwm' else 'peak anon'} {big} vs {small}"
                 )

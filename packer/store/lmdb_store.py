@@ -222,10 +222,10 @@ class _Environments:
                     max_spare_txns=0,  # cached read txns must not outlive a fork (py-lmdb docs)
                     max_dbs=0,
                 )
-                used = _refuse_short(env, key)
-                with env.begin(buffers=True) as txn:
+                _refuse_short(env, key)
+                with env.begin(buffers=True) as txn:  # any value is a view into the map
                     view = txn.get(META_KEY)
-                    span = None if view is None else mapped_pages.map_span(view, used)
+                    span = None if view is None else mapped_pages.map_span(view, _used_bytes(env))
                 entry = self._open[key] = [env, 0, span]
             entry[1] += 1
             return entry[0]
@@ -260,10 +260,10 @@ class _Environments:
                     mapped_pages.drop_pages(span)
 
 
-def _refuse_short(env: lmdb.Environment, path: str) -> int:
-    """The bytes of ``env``'s pages. Closes ``env`` and raises ValueError if its file ends
-    before its last page: LMDB maps the file, and touching a page past its end kills the
-    process (SIGBUS), whatever the manifest says of the file's size."""
+def _refuse_short(env: lmdb.Environment, path: str) -> None:
+    """Close ``env`` and raise ValueError if its file ends before its last page: LMDB maps
+    the file, and touching a page past its end kills the process (SIGBUS), whatever the
+    manifest says of the file's size."""
     needed = _used_bytes(env)
     size = os.path.getsize(path)
     if size < needed:
@@ -271,7 +271,6 @@ def _refuse_short(env: lmdb.Environment, path: str) -> int:
         raise ValueError(
             f"{path}: truncated: its pages need {needed:,} bytes, the file has {size:,}"
         )
-    return needed
 
 
 def _used_bytes(env: lmdb.Environment) -> int:
