@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.errors import LabelsError, UsageError
-from packer.manifest import Manifest, fsync_dir, read_manifest, write_manifest
+from packer.manifest import Manifest, fsync_path, read_manifest, write_manifest
 from packer.options import PackOptions
 from packer.source import LabelColumn, Source, SourceItem
 from packer.stats import RecordStats
@@ -134,5 +134,5 @@ def add_shards(staged: Path, store: Path, manifest: Manifest, first: int) -> Non
     """Move the new shards (from index ``first``) into the store, then swap the manifest."""
     for shard in manifest.shards[first:]:
         os.replace(staged / shard.file, store / shard.file)
-    fsync_dir(store)
+    fsync_path(store)
     write_manifest(store, manifest)

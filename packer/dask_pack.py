@@ -77,10 +77,9 @@ def _shard_task(job: ShardJob, context: PackContext) -> ShardResult:
     """On a worker: prepare the job's files in order and write its shard."""
     options = context.options
     Image.MAX_IMAGE_PIXELS = options.max_pixels
-    original = options.payload == "original"
     records = (
         to_record(
-            context.root, item, prepare_file(context.root / item.path, options, True), original
+            context.root, item, prepare_file(context.root / item.path, options, True), options
         )
         for item in job.items
     )

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packer.manifest import ShardInfo, fsync_dir
+from packer.manifest import ShardInfo, fsync_path
 from packer.options import PackOptions
 from packer.scan import Skipped
 from packer.source import Source
@@ -198,4 +198,4 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(temp, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)

@@ -33,7 +33,7 @@ __all__ = [
     "Manifest",
     "read_manifest",
     "write_manifest",
-    "fsync_dir",
+    "fsync_path",
 ]
 
 FORMAT = "packer-store"
@@ -154,11 +154,12 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(temp, target)
-    fsync_dir(folder)
+    fsync_path(folder)
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Wait until the file at ``path``, or a folder's entries, are on disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -151,6 +151,11 @@ class PackOptions:
         return self.encode or ("png" if self.mode == "keep" else "jpeg")
 
     @property
+    def probes_only(self) -> bool:
+        """The pool only parses headers: source bytes stored as they are, checked by header."""
+        return self.payload == "original" and self.check == "header"
+
+    @property
     def num_workers(self) -> int:
         return self.workers or default_workers()
 

@@ -18,7 +18,7 @@ from packer.ledger import ShardResult
 from packer.manifest import ShardInfo, Storage
 from packer.options import PackOptions
 from packer.prepare import Prepared, Rejected
-from packer.record import Record, checksum
+from packer.record import Record, read_record
 from packer.scan import Skipped
 from packer.source import SourceItem
 from packer.stats import RecordStats
@@ -49,10 +49,12 @@ def write_shard(
     records: Iterator[Record | Skipped],
     step: Callable[[], None] = lambda: None,
     to: Path | None = None,
+    sync: bool = True,
 ) -> ShardResult:
     """Write ``job``'s shard at ``to`` (default ``job.path``) from the next ``len(job.items)``
     records, calling ``step`` after each. The result's ``info`` has the counts, not yet the
-    file's hash. On any error the half-written file is removed."""
+    file's hash. Without ``sync`` the caller fsyncs the file. On any error the half-written
+    file is removed."""
     options = context.options
     path = to or job.path
     meta = ShardMeta.of_store(
@@ -83,7 +85,7 @@ def write_shard(
                 result.add_shape(record.shape)
             step()
         writeback.close()
-        writer.close()
+        writer.close(sync)
     except BaseException:
         writeback.close(check=False)
         writer.abort()
@@ -157,27 +159,28 @@ def hashed(path: Path, result: ShardResult) -> ShardResult:
 
 
 def to_record(
-    root: Path, item: SourceItem, result: Prepared | Rejected, original: bool
+    root: Path, item: SourceItem, result: Prepared | Rejected, options: PackOptions
 ) -> Record | Skipped:
-    """The record for ``item`` from what a worker made of it. ``original``: the payload is
-    the source file's own bytes, read here unless the worker kept them."""
+    """The record for ``item`` from what a worker made of it. Source bytes stored as they
+    are (the original payload) are read here, unless the worker kept them."""
     if isinstance(result, Rejected):
         return Skipped(item.path, result.reason)
-    payload, crc = result.payload, result.crc32
-    if original:
-        if payload is None:
-            try:
-                payload = (root / item.path).read_bytes()
-            except OSError as e:
-                return Skipped(item.path, f"cannot read: {e.strerror}")
-            actual = checksum(payload)
-            if crc is not None and crc != actual:
-                return Skipped(item.path, "file changed while packing")
-            crc = actual
-        if len(payload) != item.size:
+    labels, shape, fmt = item.labels, result.shape, result.format
+    if options.payload != "original" or result.payload is not None:
+        assert result.payload is not None and result.crc32 is not None
+        record = Record(result.payload, labels, item.path, result.crc32, shape, fmt)
+    else:
+        file = os.path.join(root, item.path)
+        lmdb = options.backend == "lmdb"
+        try:
+            record = read_record(file, item.size, item.path, labels, shape, fmt, framed=lmdb)
+        except OSError as e:
+            return Skipped(item.path, f"cannot read: {e.strerror}")
+        if result.crc32 not in (None, record.crc32):  # the worker's check read other bytes
             return Skipped(item.path, "file changed while packing")
-    assert payload is not None and crc is not None
-    return Record(payload, item.labels, item.path, crc, result.shape, result.format)
+    if options.payload == "original" and len(record.data) != item.size:
+        return Skipped(item.path, "file changed while packing")
+    return record
 
 
 def estimated_bytes(item: SourceItem, options: PackOptions) -> int:

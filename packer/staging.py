@@ -19,7 +19,7 @@ from pathlib import Path
 import lmdb
 
 from packer.errors import PackInterrupted, StoreError, StoreExistsError
-from packer.manifest import MANIFEST_NAME, Manifest, fsync_dir, write_manifest
+from packer.manifest import MANIFEST_NAME, Manifest, fsync_path, write_manifest
 
 __all__ = ["Staging", "partial_path", "describe_write_error"]
 
@@ -77,7 +77,7 @@ class Staging:
             old = self.final.with_name(f"{self.final.name}.old-{os.getpid()}")
             os.replace(self.final, old)
         os.replace(self.path, self.final)
-        fsync_dir(self.final.parent)
+        fsync_path(self.final.parent)
         os.unlink(self.final / _LOCK_NAME)
         os.close(self._lock_fd)
         if old is not None:

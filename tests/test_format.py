@@ -19,7 +19,7 @@ from packer.manifest import (
     read_manifest,
     write_manifest,
 )
-from packer.record import Record, checksum, pack_value, unpack_value
+from packer.record import Record, checksum, pack_value, read_record, unpack_value
 
 
 def test_record_value_round_trip_with_zero_copy_payload() -> None:
@@ -36,6 +36,50 @@ def test_record_value_round_trip_with_zero_copy_payload() -> None:
         (4, 5, 3),
         "JPEG",
     )
+
+
+# msgpack writes a CRC in 1, 2, 3 or 5 bytes: the header framed in front of the bytes read
+# must start where its length says, whichever the width.
+@pytest.mark.parametrize("crc", [0, 0x7F, 0xFF, 0xFFFF, 0x10000, 0xFFFFFFFF])
+def test_a_record_read_framed_is_the_value_pack_value_writes(tmp_path: Path, crc: int) -> None:
+    source = tmp_path / "a.jpg"
+    source.write_bytes(_with_crc(bytes(range(256)) * 40, crc))
+    data = source.read_bytes()
+    args = (str(source), len(data), "d/a.jpg", (7, -2), (40, 64, 3), "JPEG")
+    framed = read_record(*args, framed=True)
+    assert framed.crc32 == crc and bytes(framed.data) == data and framed.value is not None
+    joined = pack_value(Record(data, (7, -2), "d/a.jpg", crc, (40, 64, 3), "JPEG"))
+    assert bytes(pack_value(framed)) == joined
+    plain = read_record(*args, framed=False)
+    assert plain.value is None and bytes(plain.data) == data and plain.crc32 == crc
+    # The file changed since the scan: what it holds now is read, one byte past the size
+    # expected at most, so that the caller sees the length differ.
+    source.write_bytes(data + b"more")
+    assert len(read_record(*args, framed=True).data) == len(data) + 1
+    source.write_bytes(data[:-5])
+    assert bytes(read_record(*args, framed=True).data) == data[:-5]
+
+
+def _with_crc(data: bytes, crc: int) -> bytes:
+    """``data`` and four bytes more, whose CRC-32 is ``crc``: each step of the CRC's register
+    is undone from the wanted end state, then the bytes that lead there are worked out."""
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0xEDB88320 if c & 1 else 0)
+        table.append(c)
+    by_top_byte = {entry >> 24: i for i, entry in enumerate(table)}
+    indices, c = [], crc ^ 0xFFFFFFFF
+    for _ in range(4):
+        i = by_top_byte[c >> 24]
+        indices.append(i)
+        c = ((c ^ table[i]) << 8) & 0xFFFFFFFF
+    tail, c = bytearray(), checksum(data) ^ 0xFFFFFFFF
+    for i in reversed(indices):
+        tail.append((c ^ i) & 0xFF)
+        c = table[i] ^ (c >> 8)
+    return data + bytes(tail)
 
 
 @pytest.mark.parametrize(

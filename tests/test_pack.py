@@ -259,14 +259,14 @@ def test_kept_bytes_are_read_once_and_still_checked_against_the_scan(tmp_path: P
     item = SourceItem("a.jpg", len(data), (0,))
     kept, plain = prepare_file(path, options, True), prepare_file(path, options)
     path.unlink()  # from here on, only what was kept is there to read
-    record = to_record(tmp_path, item, kept, original=True)
+    record = to_record(tmp_path, item, kept, options)
     assert not isinstance(record, Skipped) and bytes(record.data) == data
     assert record.crc32 == checksum(data)
-    assert to_record(tmp_path, item, plain, original=True) == Skipped(
+    assert to_record(tmp_path, item, plain, options) == Skipped(
         "a.jpg", "cannot read: No such file or directory"
     )
     grown = SourceItem("a.jpg", len(data) - 1, (0,))  # the file the scan saw was smaller
-    assert to_record(tmp_path, grown, kept, original=True) == Skipped(
+    assert to_record(tmp_path, grown, kept, options) == Skipped(
         "a.jpg", "file changed while packing"
     )
 
@@ -382,6 +382,21 @@ def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
 @pytest.mark.skipif(
     not hasattr(os, "fork"), reason="the pool forks its workers only where fork exists"
 )
+@pytest.mark.parametrize("check", ["header", "full"])
+def test_workers_that_only_probe_headers_yield_the_cores_to_the_writer(check: str) -> None:
+    """Header probes only need to stay ahead of the writer: their workers run at a lower
+    priority (on two cores they took time from it); workers that decode do not."""
+    from packer.pack import _start_pool
+
+    pool = _start_pool(PackOptions(backend="lmdb", workers=1, check=check))
+    try:
+        niceness = pool.submit(os.getpriority, os.PRIO_PROCESS, 0).result()
+    finally:
+        pool.shutdown()
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert niceness == (min(19, ours + 10) if check == "header" else ours)
+
+
 def test_forked_workers_inherit_pillows_plugins(tmp_path: Path) -> None:
     """Each worker imported every Pillow plugin on its first file (~30 ms of CPU, at the start
     of every pack) until the parent imported them before forking. A fresh process, so that

@@ -57,8 +57,9 @@ class ShardWriter(Protocol):
 
     def append(self, record: Record) -> None: ...
 
-    def close(self) -> None:
-        """Flush and fsync: after close returns, the file is complete on disk."""
+    def close(self, sync: bool = True) -> None:
+        """Flush and fsync: after close returns, the file is complete on disk. Without
+        ``sync`` it is complete, and the caller fsyncs it before counting on it."""
 
     def abort(self) -> None:
         """Release the file without finishing it; the caller deletes it."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from packer.manifest import fsync_path
 from packer.record import Block, Record
 from packer.store.base import ShardMeta
 
@@ -133,7 +133,7 @@ class Hdf5ShardWriter:
             self._payloads[self._written :] = payloads
             self._written += len(payloads)
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
         self._flush()
         n = len(self._paths)
         _ensure_space(self.path, n * 64 + sum(len(p) for p in self._paths))
@@ -164,7 +164,8 @@ class Hdf5ShardWriter:
         }
         f.attrs["packer"] = json.dumps(meta)
         f.close()
-        _fsync_file(self.path)
+        if sync:
+            fsync_path(self.path)
 
     def abort(self) -> None:
         self._file.close()
@@ -278,14 +279,6 @@ def _read_rows(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | N
         file_space.select_hyperslab((start,) + (0,) * (len(shape) - 1), shape)
         dataset.id.read(h5py.h5s.create_simple(shape), file_space, rows)
     return rows
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Hdf5ShardReader:

@@ -157,7 +157,7 @@ class LmdbShardWriter:
         self._pending.clear()
         self._pending_bytes = 0
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
         if self._group:
             self._end_group()
         for key, value in self._groups:
@@ -175,7 +175,8 @@ class LmdbShardWriter:
         }
         self._pending.append((META_KEY, msgpack.packb(meta)))
         self._commit()
-        self._env.sync(True)
+        if sync:
+            self._env.sync(True)
         self._env.close()
 
     def abort(self) -> None:
