@@ -118,7 +118,7 @@ def read_record(
         OSError: the file cannot be read.
     """
     room = _LENGTH.size + len(_meta(path, labels, _WIDEST_CRC, shape, fmt)) if framed else 0
-    buffer = memoryview(np.empty(room + size + 1, np.uint8))  # not zeroed: all used is written
+    buffer = np.empty(room + size + 1, np.uint8).data  # not zeroed: all used is written
     length = _read_into(file, buffer[room:])
     data = buffer[room : room + length]
     crc32 = checksum(data)

@@ -95,7 +95,7 @@ class LmdbShardWriter:
             meminit=True,  # zero unused page space: same inputs give byte-identical files
             max_dbs=0,
         )
-        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending: list[tuple[bytes, bytes | memoryview]] = []
         self._pending_bytes = 0
         self._count = 0
         self.map_growths = 0
@@ -120,7 +120,7 @@ class LmdbShardWriter:
         if len(self._group) == GROUP:
             self._end_group()
 
-    def _put(self, key: bytes, value: bytes) -> None:
+    def _put(self, key: bytes, value: bytes | memoryview) -> None:
         self._pending.append((key, value))
         self._pending_bytes += len(value)
         if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
