@@ -13,6 +13,7 @@ seed whatever the number of workers, and memory stays bounded whatever the folde
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -325,7 +326,7 @@ def _write_here(
         depth=_AHEAD_BYTES // _PIECE_BYTES,
         name="packer-read",
     )
-    records = (record for piece in ahead for record in piece)
+    records = itertools.chain.from_iterable(ahead)
     try:
         # A finished shard is synced and hashed while the next one is written, its sync
         # waiting on the disk while it is hashed (xxhash and fsync release the GIL): at the

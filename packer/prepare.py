@@ -11,8 +11,8 @@ import ctypes
 import os
 import signal
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -24,16 +24,16 @@ from packer.record import checksum
 __all__ = ["Prepared", "Rejected", "init_worker", "prepare_files", "prepare_file", "reason"]
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
+# Named tuples, not dataclasses: one comes back through the pool's pipe for every file, and a
+# dataclass's pickling (field by field) cost several times a tuple's.
+class Prepared(NamedTuple):
     payload: bytes | None  # None: store the source file's bytes as they are
     crc32: int | None  # checksum of the payload, or of the source bytes the worker checked
     shape: tuple[int, int, int]  # upright height, width, channels as the reader yields them
     format: str
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
+class Rejected(NamedTuple):
     reason: str
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +20,15 @@ class Distribution:
     histogram: Counter[int] = field(default_factory=Counter)  # 2**k -> values in [2**k, 2**(k+1))
 
     def add(self, value: int) -> None:
+        # Once per record per column, in the writer's thread: plain comparisons, and the
+        # bucket from the bit length (exact, where a float log2 rounds near powers of two).
         self.count += 1
         self.total += value
-        self.min = value if self.min is None else min(self.min, value)
-        self.max = value if self.max is None else max(self.max, value)
-        self.histogram[1 << int(math.log2(value)) if value > 0 else 0] += 1
+        if self.min is None or value < self.min:
+            self.min = value
+        if self.max is None or value > self.max:
+            self.max = value
+        self.histogram[1 << value.bit_length() >> 1] += 1  # 0 for 0
 
     def merge(self, other: Distribution) -> None:
         self.count += other.count

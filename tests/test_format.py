@@ -254,3 +254,14 @@ def test_a_shard_has_exactly_one_well_formed_checksum(tmp_path: Path) -> None:
     del data["shards"][0]["checksum"]  # neither
     with pytest.raises(ManifestError, match="one checksum"):
         read_manifest(_write_raw(tmp_path, data))
+
+
+def test_size_histograms_bucket_by_the_power_of_two_at_or_below() -> None:
+    """Exact at every power of two, however large: a float log2 put 2**53 - 1 with 2**53."""
+    from packer.stats import Distribution
+
+    sizes = Distribution()
+    for value in (0, 1, 2, 3, 4, 7, 8, 2**53 - 1, 2**53):
+        sizes.add(value)
+    assert dict(sizes.histogram) == {0: 1, 1: 1, 2: 2, 4: 2, 8: 1, 2**52: 1, 2**53: 1}
+    assert (sizes.count, sizes.min, sizes.max, sizes.total) == (9, 0, 2**53, 2**54 + 24)
