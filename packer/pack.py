@@ -328,9 +328,9 @@ def _write_here(
     )
     records = itertools.chain.from_iterable(ahead)
     try:
-        # A finished shard is synced and hashed while the next one is written, its sync
-        # waiting on the disk while it is hashed (xxhash and fsync release the GIL): at the
-        # end of a pack, where nothing else is left to overlap them, that saves the shorter.
+        # A finished shard is synced and hashed while the next one is written, and synced
+        # while it is hashed (fsync waits on the disk, xxhash releases the GIL): at the end
+        # of a pack, with nothing else left to overlap them, it waits for the longer only.
         with (
             ThreadPoolExecutor(1, thread_name_prefix="packer-sync") as syncer,
             ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher,
