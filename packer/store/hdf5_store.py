@@ -127,14 +127,15 @@ class Hdf5ShardWriter:
         """Append ``payloads`` (whole records' bytes, back to back) to the payload dataset."""
         _ensure_space(self.path, len(payloads))
         if self.meta.raw_shape is not None:
-            rows = payloads.reshape(-1, *self.meta.raw_shape)
-            self._payloads.resize(self._written + len(rows), axis=0)
-            self._payloads[self._written :] = rows
-            self._written += len(rows)
-        else:
-            self._payloads.resize((self._written + len(payloads),))
-            self._payloads[self._written :] = payloads
-            self._written += len(payloads)
+            payloads = payloads.reshape(-1, *self.meta.raw_shape)
+        # h5py's own calls: its slicing (resize, then assign) cost ~65 us more a write, ~7 ms
+        # of the 108 writes of 2 MB that a 216 MB pack makes.
+        dataset, start, stop = self._payloads.id, self._written, self._written + len(payloads)
+        dataset.set_extent((stop, *payloads.shape[1:]))
+        space = dataset.get_space()
+        space.select_hyperslab((start,) + (0,) * (payloads.ndim - 1), payloads.shape)
+        dataset.write(h5py.h5s.create_simple(payloads.shape), space, payloads)
+        self._written = stop
 
     def close(self, sync: bool = True) -> None:
         self._flush()
