@@ -31,7 +31,7 @@ from typing import Any
 from packer import __version__, append, imaging
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError
 from packer.ledger import Ledger, PackIdentity, ShardResult
-from packer.manifest import Manifest, fsync_path
+from packer.manifest import Manifest
 from packer.options import PackOptions
 from packer.prefetch import Prefetcher
 from packer.prepare import Prepared, Rejected, init_worker, prepare_files
@@ -328,18 +328,13 @@ def _write_here(
     )
     records = itertools.chain.from_iterable(ahead)
     try:
-        # A finished shard is synced and hashed while the next one is written, and synced
-        # while it is hashed (fsync waits on the disk, xxhash releases the GIL): at the end
-        # of a pack, with nothing else left to overlap them, it waits for the longer only.
-        with (
-            ThreadPoolExecutor(1, thread_name_prefix="packer-sync") as syncer,
-            ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher,
-        ):
+        # A finished shard is hashed, synced and recorded (Ledger.finish syncs it) while the
+        # next one is written: the writer never waits for a shard's fsync.
+        with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
             finishing = []
             for job in jobs:
                 result = write_shard(job, context, records, step, sync=False)
-                synced = syncer.submit(fsync_path, job.path)
-                finishing.append((job, hasher.submit(_finish, ledger, job, result, synced)))
+                finishing.append((job, hasher.submit(_finish, ledger, job.path, result)))
             for job, future in finishing:
                 yield job.index, future.result()
     finally:
@@ -347,13 +342,9 @@ def _write_here(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _finish(
-    ledger: Ledger, job: ShardJob, result: ShardResult, synced: Future[None]
-) -> ShardResult:
-    """Hash the shard of ``job``; once it is on disk too, record it as finished."""
-    result = hashed(job.path, result)
-    synced.result()
-    ledger.finish(job.path, result)
+def _finish(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
+    result = hashed(path, result)
+    ledger.finish(path, result)  # only once the shard is on disk
     return result
 
 

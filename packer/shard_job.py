@@ -53,8 +53,8 @@ def write_shard(
 ) -> ShardResult:
     """Write ``job``'s shard at ``to`` (default ``job.path``) from the next ``len(job.items)``
     records, calling ``step`` after each. The result's ``info`` has the counts, not yet the
-    file's hash. Without ``sync`` the caller fsyncs the file. On any error the half-written
-    file is removed."""
+    file's hash. Without ``sync`` the caller fsyncs the file (a pack's Ledger.finish does).
+    On any error the half-written file is removed."""
     options = context.options
     path = to or job.path
     meta = ShardMeta.of_store(
