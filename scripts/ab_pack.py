@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Compare two versions of packer on the same pack, side by side: BASE against NEW.
+
+Each version is a git revision checked out in a worktree of its own (NEW defaults to the
+working tree). Rounds alternate between them, each round one fresh process per version that
+packs bench_pack's image folder ``--packs`` + 1 times (the first, which imports h5py and
+the like, is not counted) and reports its median and fastest pack and its median CPU. A
+small change is worth a few percent on a shared machine whose runs wander by ten: only the
+medians over several rounds, made in turn, tell it from the noise.
+
+    python scripts/ab_pack.py c8f8c5d~1 c8f8c5d --backend lmdb     # that commit's gain
+    python scripts/ab_pack.py HEAD --backend hdf5 --check full --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pack import DEFAULT_IMAGES, prepare_data  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+# One process of one round: packs, then prints one JSON line (its packer is the first on
+# sys.path: the version's checkout).
+CHILD = r"""
+import json, resource, shutil, statistics, sys, time
+from packer import PackOptions, pack
+source, out, backend, check, packs = sys.argv[1:6]
+seconds, cpu = [], []
+def used():
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+for i in range(int(packs) + 1):
+    shutil.rmtree(out, ignore_errors=True)
+    before, started = used(), time.perf_counter()
+    pack(source, out, PackOptions(backend=backend, check=check, seed=0))
+    if i:
+        seconds.append(time.perf_counter() - started)
+        cpu.append(used() - before)
+shutil.rmtree(out, ignore_errors=True)
+print(json.dumps({"median": statistics.median(seconds), "best": min(seconds), "cpu": statistics.median(cpu)}))
+"""
+
+
+def checkout(revision: str | None, into: Path) -> Path:
+    """A directory whose ``packer`` package is ``revision`` (None: this working tree)."""
+    if revision is None:
+        return REPO
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(into), revision],
+        check=True,
+    )
+    return into
+
+
+def one_round(code: Path, source: Path, out: Path, args: argparse.Namespace) -> dict[str, float]:
+    argv = [sys.executable, "-c", CHILD, str(source), str(out), args.backend, args.check]
+    done = subprocess.run(
+        [*argv, str(args.packs)],
+        env={**os.environ, "PYTHONPATH": str(code)},
+        cwd=out.parent,  # not the repository: ``python -c`` puts its folder first on sys.path
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("base", help="git revision to compare against")
+    parser.add_argument("new", nargs="?", help="git revision (default: the working tree)")
+    parser.add_argument("--backend", default="lmdb", choices=["lmdb", "hdf5"])
+    parser.add_argument("--check", default="header", choices=["header", "full"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--packs", type=int, default=5, help="packs counted per process")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/packer-bench"))
+    args = parser.parse_args(argv)
+    data = prepare_data(args.workdir / "images", DEFAULT_IMAGES, (300, 640))
+    scratch = Path(tempfile.mkdtemp(prefix="packer-ab-"))
+    versions = {"base": args.base, "new": args.new}
+    codes: dict[str, Path] = {}
+    try:
+        for name, revision in versions.items():
+            codes[name] = checkout(revision, scratch / name)
+        medians: dict[str, list[float]] = {name: [] for name in versions}
+        for r in range(args.rounds):
+            got = {
+                name: one_round(codes[name], data.root, scratch / f"out-{name}", args)
+                for name in versions
+            }
+            for name, g in got.items():
+                medians[name].append(g["median"])
+            print(
+                f"round {r + 1}: "
+                + " | ".join(
+                    f"{name} median {g['median']:.3f} s, best {g['best']:.3f}, CPU {g['cpu']:.3f}"
+                    for name, g in got.items()
+                )
+            )
+        base, new = (statistics.median(medians[name]) for name in versions)
+        label = {name: versions[name] or "working tree" for name in versions}
+        print(
+            f"{args.backend} --check {args.check}, median of {args.rounds} rounds of "
+            f"{args.packs} packs: base ({label['base']}) {base:.3f} s, new ({label['new']}) "
+            f"{new:.3f} s, new/base {new / base:.3f}"
+        )
+    finally:
+        for name, revision in versions.items():
+            if revision is not None and name in codes:
+                subprocess.run(
+                    ["git", "-C", str(REPO), "worktree", "remove", "--force", str(codes[name])],
+                    check=False,
+                )
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
