@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -395,6 +396,18 @@ def test_workers_that_only_probe_headers_yield_the_cores_to_the_writer(check: st
         pool.shutdown()
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     assert niceness == (min(19, ours + 10) if check == "header" else ours)
+
+
+def test_a_pack_leaves_no_thread_or_process_behind(image_dir: Path, tmp_path: Path) -> None:
+    """The pool is joined before pack returns. A thread left running would make the next pack
+    start its workers with forkserver (fork is only safe with no other thread), ~0.5 s
+    slower: shutting the pool down early with ``wait=False`` did that, since its manager
+    thread is then forgotten, and the final ``shutdown(wait=True)`` no longer joins it."""
+    before = set(threading.enumerate())
+    for n in range(2):
+        pack(image_dir, tmp_path / f"s{n}.lmdb", PackOptions(backend="lmdb", check="header"))
+        assert set(threading.enumerate()) == before
+        assert multiprocessing.active_children() == []
 
 
 def test_forked_workers_inherit_pillows_plugins(tmp_path: Path) -> None:
