@@ -15,13 +15,12 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-import tables
 
 from packer import imaging, resizing
 from packer.errors import CorruptRecordError, StoreError, UsageError
 from packer.manifest import Manifest, ShardInfo, Storage, read_manifest
 from packer.record import Record, checksum
-from packer.store import ShardReader, open_shard_reader, pytables_store
+from packer.store import ShardReader, open_shard_reader
 
 __all__ = ["Store", "open_store", "open_manifest", "record_pixels"]
 
@@ -36,8 +35,9 @@ def open_store(path: Path | str, *, images: str | None = None, labels: str | Non
 
 
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
-# What reading a damaged value or column raises (PyTables: also a filter it lacks, e.g. lzf).
-DAMAGE = (ValueError, KeyError, TypeError, OSError, tables.HDF5ExtError)
+# What reading a damaged value or column raises (the PyTables reader turns its own errors,
+# such as a filter it lacks, into OSError).
+DAMAGE = (ValueError, KeyError, TypeError, OSError)
 OPEN_SHARDS = 16  # shard readers a Store keeps open at once
 
 
@@ -45,9 +45,11 @@ def open_manifest(path: Path, images: str | None = None, labels: str | None = No
     """A packer store's manifest, or one describing a plain HDF5 file of arrays."""
     if not (path.is_file() and path.suffix.lower() in _HDF5_SUFFIXES):
         return read_manifest(path)
+    from packer.store import pytables_store  # PyTables is imported only for such a file
+
     try:
         found = pytables_store.describe_file(path, images, labels)
-    except (ValueError, OSError, tables.exceptions.HDF5ExtError) as e:
+    except (ValueError, OSError) as e:
         raise StoreError(str(e)) from e
     h, w, c = found["shape"]
     return Manifest(
@@ -151,6 +153,8 @@ class Store:
                 _check_shard_file(self.path, info)
             try:
                 if self.manifest.backend == "pytables":
+                    from packer.store import pytables_store
+
                     opts = self.manifest.options
                     reader = pytables_store.PyTablesShardReader(
                         self.path, opts["images"], opts["labels"]

@@ -78,3 +78,39 @@ def test_inspect_describes_the_file(tmp_path: Path) -> None:
     assert {int(k): v for k, v in counts.items()} == dict(
         zip(*np.unique(labels, return_counts=True))
     )
+
+
+def test_an_array_pytables_cannot_read_is_a_clear_error(tmp_path: Path) -> None:
+    """h5py's lzf filter is one PyTables lacks: reading such images must say which record of
+    which file failed, through packer's own error, not escape as a PyTables one."""
+    import h5py
+
+    path = tmp_path / "lzf.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=np.zeros((4, 8, 8, 3), np.uint8), compression="lzf")
+        f.create_dataset("labels", data=np.arange(4))
+    with open_store(path) as store:
+        assert len(store) == 4  # the header reads; the chunks do not
+        with pytest.raises(StoreError, match=r"record 0 in lzf\.h5 cannot be read: .*lzf\.h5"):
+            store[0]
+    with open_reader(path, batch_size=2) as reader, pytest.raises(StoreError, match="cannot be read"):
+        next(iter(reader))
+
+
+def test_pytables_is_imported_only_for_a_file_that_needs_it(tmp_path: Path) -> None:
+    """Every packer command and training script imports packer; PyTables adds ~20% to that
+    import and is needed only to read plain HDF5 files of arrays."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "train.h5"
+    _earray_file(path)
+    code = (
+        "import sys, packer\n"
+        "print('tables' in sys.modules)\n"
+        f"packer.open_store({str(path)!r})\n"
+        "print('tables' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]

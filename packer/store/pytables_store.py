@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import pickletools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,17 @@ from packer.record import Block, Record
 __all__ = ["find_arrays", "describe_file", "PyTablesShardReader"]
 
 
+@contextmanager
+def _as_os_error(path: Path) -> Iterator[None]:
+    """PyTables' own errors (a damaged chunk, a filter it lacks, such as h5py's lzf) raised as
+    OSError naming the file: what every shard reader raises, so that callers need not know
+    PyTables, nor import it, to catch them."""
+    try:
+        yield
+    except tables.HDF5ExtError as e:
+        raise OSError(f"{path}: {e}") from e
+
+
 def find_arrays(
     path: Path, images: str | None = None, labels: str | None = None
 ) -> tuple[str, str | None]:
@@ -31,7 +44,7 @@ def find_arrays(
     the only integer array of rank 1 or 2 with as many rows is the labels (none is fine).
     Raises ValueError saying what was found when the choice is not clear.
     """
-    with _open_file(path) as f:
+    with _open_file(path) as f, _as_os_error(path):
         arrays = {n._v_pathname: n for n in f.walk_nodes("/", "Array")}
         described = ", ".join(
             f"{p} {tuple(int(d) for d in a.shape)} {a.dtype}" for p, a in arrays.items()
@@ -108,7 +121,8 @@ def _open_file(path: Path) -> tables.File:
     with h5py.File(path, "r", locking=False) as f:
         check("", f)
         f.visititems(check)
-    return tables.open_file(str(path), "r")
+    with _as_os_error(path):
+        return tables.open_file(str(path), "r")
 
 
 def _refuse_bomb(path: Path, name: str, dataset: h5py.Dataset) -> None:
@@ -177,20 +191,22 @@ class PyTablesShardReader:
         """Every label, (N, columns): small enough to read whole."""
         if self._labels is None:
             return np.zeros((self._len, 0), np.int64)
-        return np.asarray(self._labels.read(), dtype=np.int64).reshape(self._len, -1)
+        with _as_os_error(self.path):
+            return np.asarray(self._labels.read(), dtype=np.int64).reshape(self._len, -1)
 
     def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         n = stop - start
         data = out[:n] if out is not None else np.empty((n, *self.shape), np.uint8)
-        if n:  # straight into the buffer: one copy from the file
-            self._images.read(start, stop, out=data.reshape(n, *self._images.shape[1:]))
-        labels = (
-            np.zeros((n, 0), np.int64)
-            if self._labels is None
-            else np.asarray(self._labels.read(start, stop), dtype=np.int64).reshape(n, -1)
-        )
+        with _as_os_error(self.path):
+            if n:  # straight into the buffer: one copy from the file
+                self._images.read(start, stop, out=data.reshape(n, *self._images.shape[1:]))
+            labels = (
+                np.zeros((n, 0), np.int64)
+                if self._labels is None
+                else np.asarray(self._labels.read(start, stop), dtype=np.int64).reshape(n, -1)
+            )
         return Block(
             data=data,
             labels=labels,
