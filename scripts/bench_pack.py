@@ -51,6 +51,7 @@ import random
 import resource
 import shlex
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -86,7 +87,9 @@ NOTES = [
     "decode limit = copy pass and decode pool run concurrently (wall time of both); "
     "its pool is started before the clock, packer's is not; it is shut down after, so packs run "
     "in a process with no other threads, as from the CLI (packer then forks its workers)",
-    "ratio = packer time / limit time; re-encode ratio = speedup over workers=1",
+    "ratio = packer time / limit time, the best repeat of each (judged); median of the repeats "
+    "= the median of each repeat's pack / the limit run in that repeat (shown, not judged); "
+    "re-encode ratio = speedup over workers=1",
     "turbo = the decode limit with JPEGs decoded by libjpeg-turbo (simplejpeg), as packer's "
     "full check decodes them; the target is judged against the Pillow limit",
     "CPU s = CPU-seconds of the best run: this process's threads and its worker processes; "
@@ -298,13 +301,18 @@ def figures(
         for check, limit, cold in cases:
             name = f"pack {b} check={check}{cold}"
             ratio = best[name] / best[limit]
+            # Shown, not judged: each repeat's pack against the limit run in the same repeat,
+            # the median of those; how far one repeat strays from the best on a shared machine.
+            typical = statistics.median(p / q for (p, _), (q, _) in zip(times[name], times[limit]))
             rows[name]["ratio"] = round(ratio, 3)
+            rows[name]["median_ratio"] = round(typical, 3)
             if check == "full" and not cold:
                 rows[name]["vs_turbo_limit"] = round(best[name] / best[TURBO_LIMIT], 3)
             targets.append(
                 {
                     "name": f"{name} vs {limit}",
                     "ratio": round(ratio, 3),
+                    "median_ratio": round(typical, 3),
                     "target": TIME_TARGET,
                     "pass": ratio <= TIME_TARGET,
                 }
@@ -382,7 +390,8 @@ def render(report: dict[str, Any]) -> str:
     ]
     for t in report["targets"]:
         verdict = "PASS" if t["pass"] else "FAIL"
-        lines.append(f"{verdict}  {t['name']}: {t['ratio']:.3f} (target <= {t['target']})")
+        spread = f"; median of the repeats {t['median_ratio']:.3f}" if "median_ratio" in t else ""
+        lines.append(f"{verdict}  {t['name']}: {t['ratio']:.3f} (target <= {t['target']}{spread})")
     return "\n".join(lines)
 
 
