@@ -145,8 +145,7 @@ class Ledger:
 
     def finish(self, shard: Path, result: ShardResult) -> None:
         """Record ``shard`` as finished, once its bytes are durable."""
-        with open(shard, "rb") as f:
-            os.fsync(f.fileno())
+        fsync_path(shard)
         _write_json(_done_path(shard), result.to_json())
 
     def finished(self, shard: Path) -> ShardResult | None:

@@ -47,7 +47,7 @@ def init_worker(options: PackOptions, parent: int) -> None:
     global _options
     _options = options
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if options.probes_only:
+    if options.probes_only and hasattr(os, "nice"):  # not on Windows
         # Probes need only stay ahead of the writer, which reads and writes every byte: at a
         # lower priority they use the time it leaves, where on two cores they took from it.
         os.nice(_PROBE_NICENESS)

@@ -171,9 +171,9 @@ def to_record(
         record = Record(result.payload, labels, item.path, result.crc32, shape, fmt)
     else:
         file = os.path.join(root, item.path)
-        lmdb = options.backend == "lmdb"
+        framed = options.backend == "lmdb"  # read straight into the LMDB value's layout
         try:
-            record = read_record(file, item.size, item.path, labels, shape, fmt, framed=lmdb)
+            record = read_record(file, item.size, item.path, labels, shape, fmt, framed)
         except OSError as e:
             return Skipped(item.path, f"cannot read: {e.strerror}")
         if result.crc32 not in (None, record.crc32):  # the worker's check read other bytes

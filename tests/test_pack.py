@@ -380,9 +380,7 @@ def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
     assert quiet._thread is not None and not quiet._thread.is_alive()
 
 
-@pytest.mark.skipif(
-    not hasattr(os, "fork"), reason="the pool forks its workers only where fork exists"
-)
+@pytest.mark.skipif(not hasattr(os, "nice"), reason="process priorities are a POSIX notion")
 @pytest.mark.parametrize("check", ["header", "full"])
 def test_workers_that_only_probe_headers_yield_the_cores_to_the_writer(check: str) -> None:
     """Header probes only need to stay ahead of the writer: their workers run at a lower
@@ -410,6 +408,9 @@ def test_a_pack_leaves_no_thread_or_process_behind(image_dir: Path, tmp_path: Pa
         assert multiprocessing.active_children() == []
 
 
+@pytest.mark.skipif(
+    not hasattr(os, "fork"), reason="the pool forks its workers only where fork exists"
+)
 def test_forked_workers_inherit_pillows_plugins(tmp_path: Path) -> None:
     """Each worker imported every Pillow plugin on its first file (~30 ms of CPU, at the start
     of every pack) until the parent imported them before forking. A fresh process, so that
