@@ -21,7 +21,15 @@ from packer import imaging
 from packer.options import PackOptions
 from packer.record import checksum
 
-__all__ = ["Prepared", "Rejected", "init_worker", "prepare_files", "prepare_file", "reason"]
+__all__ = [
+    "Prepared",
+    "Rejected",
+    "init_worker",
+    "prepare_files",
+    "prepare_file",
+    "probed",
+    "reason",
+]
 
 
 # Named tuples, not dataclasses: one comes back through the pool's pipe for every file, and a
@@ -92,8 +100,7 @@ def prepare_file(path: Path, options: PackOptions, keep_bytes: bool = False) -> 
     in the writer's own process keeps the bytes read here and reads each file once."""
     try:
         if options.probes_only:
-            info = imaging.probe(path, options.max_pixels)
-            return Prepared(None, None, _shape(info, options.mode), info.format)
+            return probed(imaging.probe(path, options.max_pixels), options.mode)
         data = path.read_bytes()
         if options.payload == "original":
             info = imaging.verify(data, options.max_pixels)
@@ -124,6 +131,11 @@ def _raw(pixels: np.ndarray) -> Prepared:
     payload = pixels.tobytes()
     height, width, channels = pixels.shape
     return Prepared(payload, checksum(payload), (height, width, channels), "raw")
+
+
+def probed(info: imaging.ImageInfo, mode: str) -> Prepared:
+    """What a header check of a file stored as it is tells its record: shape and format."""
+    return Prepared(None, None, _shape(info, mode), info.format)
 
 
 def _shape(info: imaging.ImageInfo, mode: str) -> tuple[int, int, int]:

@@ -20,7 +20,17 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["Record", "Block", "CRC32_BY", "checksum", "pack_value", "read_record", "unpack_value"]
+__all__ = [
+    "Record",
+    "Block",
+    "SourceRead",
+    "CRC32_BY",
+    "checksum",
+    "pack_value",
+    "read_record",
+    "read_source",
+    "unpack_value",
+]
 
 try:  # ISA-L's CRC-32: zlib's polynomial and values, several times zlib's speed
     from isal.isal_zlib import crc32 as _crc32
@@ -107,31 +117,64 @@ def read_record(
     fmt: str,
     framed: bool,
 ) -> Record:
-    """The record of the source file at ``file``, ``size`` bytes when scanned. Its ``data``
-    is what the file holds now, up to ``size + 1`` bytes: another length says it changed.
-
-    ``framed``: the record's LMDB value is built as it is read, its bytes at the end of one
-    buffer and pack_value's header written in front of them once their checksum is known.
-    Joining the two afterwards copied every byte once more, holding the GIL: a fifth of
-    what a warm header pack of LMDB held it for.
+    """The record of the source file at ``file``: ``read_source(...).record(shape, fmt)``.
 
     Raises:
         OSError: the file cannot be read.
     """
-    room = _LENGTH.size + len(_meta(path, labels, _WIDEST_CRC, shape, fmt)) if framed else 0
+    return read_source(file, size, path, labels, framed).record(shape, fmt)
+
+
+@dataclass(slots=True)
+class SourceRead:
+    """A source file's bytes and checksum, read before its shape and format are known (a
+    header check looks at the bytes); ``record`` completes it."""
+
+    data: memoryview  # what the file holds now, up to ``size + 1`` bytes (read_source)
+    crc32: int
+    path: str
+    labels: tuple[int, ...]
+    buffer: memoryview | None  # when framed: room for the LMDB value's header, then data
+    room: int
+
+    def record(self, shape: tuple[int, int, int], fmt: str) -> Record:
+        """The record, its LMDB value (when framed) made by writing the header in front."""
+        record = Record(self.data, self.labels, self.path, self.crc32, shape, fmt)
+        if self.buffer is None:
+            return record
+        meta = _meta(self.path, self.labels, self.crc32, shape, fmt)
+        start = self.room - _LENGTH.size - len(meta)
+        if start < 0:  # a format name longer than any Pillow has: pack_value joins them
+            return record
+        self.buffer[start : self.room] = _LENGTH.pack(len(meta)) + meta
+        record.value = self.buffer[start : self.room + len(self.data)]
+        return record
+
+
+def read_source(
+    file: str, size: int, path: str, labels: tuple[int, ...], framed: bool
+) -> SourceRead:
+    """The source file at ``file``, ``size`` bytes when scanned. Its ``data`` is what the
+    file holds now, up to ``size + 1`` bytes: another length says it changed.
+
+    ``framed``: the bytes are read to the end of a buffer with room in front for the
+    record's LMDB header (pack_value's), written there once shape, format and checksum are
+    known. Joining the two afterwards copied every byte once more, holding the GIL: a fifth
+    of what a warm header pack of LMDB held it for.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    room = _LENGTH.size + len(_meta(path, labels, *_WIDEST)) if framed else 0
     buffer = np.empty(room + size + 1, np.uint8).data  # not zeroed: all used is written
     length = _read_into(file, buffer[room:])
     data = buffer[room : room + length]
-    crc32 = checksum(data)
-    if not framed:
-        return Record(data, labels, path, crc32, shape, fmt)
-    meta = _meta(path, labels, crc32, shape, fmt)  # msgpack writes a small CRC in fewer bytes
-    start = room - _LENGTH.size - len(meta)
-    buffer[start:room] = _LENGTH.pack(len(meta)) + meta
-    return Record(data, labels, path, crc32, shape, fmt, buffer[start : room + length])
+    return SourceRead(data, checksum(data), path, labels, buffer if framed else None, room)
 
 
-_WIDEST_CRC = 0xFFFFFFFF  # takes msgpack's widest form, so the header's room is never short
+# CRC, shape and format in msgpack's widest forms for them, so that a header's room is
+# never short: msgpack writes small numbers in fewer bytes; format names are a few letters.
+_WIDEST = (0xFFFFFFFF, ((1 << 31) - 1,) * 3, "F" * 31)
 
 
 def _read_into(file: str, buffer: memoryview) -> int:

@@ -18,13 +18,22 @@ from packer.ledger import ShardResult
 from packer.manifest import ShardInfo, Storage
 from packer.options import PackOptions
 from packer.prepare import Prepared, Rejected
-from packer.record import Record, read_record
+from packer.record import Record, SourceRead, read_source
 from packer.scan import Skipped
 from packer.source import SourceItem
 from packer.stats import RecordStats
 from packer.store import ShardMeta, open_shard_writer
 
-__all__ = ["PackContext", "ShardJob", "estimated_bytes", "storage", "to_record", "write_shard"]
+__all__ = [
+    "PackContext",
+    "ShardJob",
+    "CHANGED",
+    "estimated_bytes",
+    "read_item",
+    "storage",
+    "to_record",
+    "write_shard",
+]
 
 
 @dataclass(frozen=True)
@@ -168,19 +177,29 @@ def to_record(
     labels, shape, fmt = item.labels, result.shape, result.format
     if options.payload != "original" or result.payload is not None:
         assert result.payload is not None and result.crc32 is not None
-        record = Record(result.payload, labels, item.path, result.crc32, shape, fmt)
-    else:
-        file = os.path.join(root, item.path)
-        framed = options.backend == "lmdb"  # read straight into the LMDB value's layout
-        try:
-            record = read_record(file, item.size, item.path, labels, shape, fmt, framed)
-        except OSError as e:
-            return Skipped(item.path, f"cannot read: {e.strerror}")
-        if result.crc32 not in (None, record.crc32):  # the worker's check read other bytes
-            return Skipped(item.path, "file changed while packing")
-    if options.payload == "original" and len(record.data) != item.size:
-        return Skipped(item.path, "file changed while packing")
-    return record
+        if options.payload == "original" and len(result.payload) != item.size:
+            return Skipped(item.path, CHANGED)
+        return Record(result.payload, labels, item.path, result.crc32, shape, fmt)
+    read = read_item(root, item, options)
+    if isinstance(read, Skipped):
+        return read
+    if result.crc32 not in (None, read.crc32):  # the worker's check read other bytes
+        return Skipped(item.path, CHANGED)
+    return read.record(shape, fmt)
+
+
+CHANGED = "file changed while packing"
+
+
+def read_item(root: Path, item: SourceItem, options: PackOptions) -> SourceRead | Skipped:
+    """The source bytes of ``item``, to be stored as they are; Skipped if they cannot be
+    read or are not the ``item.size`` bytes the scan found."""
+    framed = options.backend == "lmdb"  # read straight into the LMDB value's layout
+    try:
+        read = read_source(os.path.join(root, item.path), item.size, item.path, item.labels, framed)
+    except OSError as e:
+        return Skipped(item.path, f"cannot read: {e.strerror}")
+    return read if len(read.data) == item.size else Skipped(item.path, CHANGED)
 
 
 def estimated_bytes(item: SourceItem, options: PackOptions) -> int:

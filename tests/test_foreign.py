@@ -94,7 +94,10 @@ def test_an_array_pytables_cannot_read_is_a_clear_error(tmp_path: Path) -> None:
         assert len(store) == 4  # the header reads; the chunks do not
         with pytest.raises(StoreError, match=r"record 0 in lzf\.h5 cannot be read: .*lzf\.h5"):
             store[0]
-    with open_reader(path, batch_size=2) as reader, pytest.raises(StoreError, match="cannot be read"):
+    with (
+        open_reader(path, batch_size=2) as reader,
+        pytest.raises(StoreError, match="cannot be read"),
+    ):
         next(iter(reader))
 
 

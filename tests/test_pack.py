@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import multiprocessing
 import os
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from conftest import shard_checksum, store_path, write_image
 from PIL import Image, ImageOps
 
-from packer import PackOptions, pack, read_manifest
+from packer import PackOptions, imaging, pack, read_manifest
 from packer.access import open_store
 from packer.errors import PackerError, StoreError, StoreExistsError
 from packer.record import checksum
@@ -273,11 +274,13 @@ def test_kept_bytes_are_read_once_and_still_checked_against_the_scan(tmp_path: P
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+@pytest.mark.parametrize("check", ["full", "header"])
 def test_every_file_is_announced_to_the_kernel_before_it_is_read(
-    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check: str
 ) -> None:
-    """Each task's files get a WILLNEED hint as the task goes to the pool, so cold reads are
-    in flight early; a hint never blocks (a FIFO) nor fails a pack (a missing file)."""
+    """Files get a WILLNEED hint ahead of their reads (as their task goes to the pool; with a
+    header check, up to _HINT_BYTES ahead), so cold reads are in flight early; a hint never
+    blocks (a FIFO) nor fails a pack (a missing file)."""
     from packer.pack import _will_read
 
     hinted: list[str] = []
@@ -289,7 +292,7 @@ def test_every_file_is_announced_to_the_kernel_before_it_is_read(
         real(fd, offset, length, advice)
 
     monkeypatch.setattr(os, "posix_fadvise", spy)
-    result = pack(image_dir, tmp_path / "out.lmdb", PackOptions(seed=0, workers=1))
+    result = pack(image_dir, tmp_path / "out.lmdb", PackOptions(seed=0, workers=1, check=check))
     assert len(hinted) == result.manifest.num_records + len(result.skipped)
     if Path("/proc/self").exists():
         assert sorted(hinted) == sorted(str(p.resolve()) for p in image_dir.rglob("*.*"))
@@ -311,8 +314,9 @@ def test_every_file_is_announced_to_the_kernel_before_it_is_read(
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise on this OS")
+@pytest.mark.parametrize("check", ["full", "header"])
 def test_hints_stay_within_their_byte_budget(
-    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check: str
 ) -> None:
     """Files are announced in order while they fit in what is left of the budget; a pack
     whose budget is used up still packs every file, unannounced."""
@@ -331,10 +335,11 @@ def test_hints_stay_within_their_byte_budget(
     real = os.posix_fadvise
     monkeypatch.setattr(os, "posix_fadvise", lambda *a: (hinted.append(a[0]), real(*a))[1])
     monkeypatch.setattr(sys.modules["packer.pack"], "_HINT_BYTES", 0)
-    result = pack(image_dir, tmp_path / "none.lmdb", PackOptions(seed=0, workers=1))
+    options = PackOptions(seed=0, workers=1, check=check)
+    result = pack(image_dir, tmp_path / "none.lmdb", options)
     assert result.manifest.num_records == len(files) and not hinted
     monkeypatch.setattr(sys.modules["packer.pack"], "_HINT_BYTES", 2 * max(sizes))
-    result = pack(image_dir, tmp_path / "some.lmdb", PackOptions(seed=0, workers=1))
+    result = pack(image_dir, tmp_path / "some.lmdb", options)
     assert result.manifest.num_records == len(files) and 0 < len(hinted) < len(files)
 
 
@@ -396,16 +401,133 @@ def test_workers_that_only_probe_headers_yield_the_cores_to_the_writer(check: st
     assert niceness == (min(19, ours + 10) if check == "header" else ours)
 
 
-def test_a_pack_leaves_no_thread_or_process_behind(image_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("check", ["full", "header", "header, with Pillow"])
+def test_a_pack_leaves_no_thread_or_process_behind(
+    image_dir: Path, tmp_path: Path, check: str
+) -> None:
     """The pool is joined before pack returns. A thread left running would make the next pack
     start its workers with forkserver (fork is only safe with no other thread), ~0.5 s
     slower: shutting the pool down early with ``wait=False`` did that, since its manager
-    thread is then forgotten, and the final ``shutdown(wait=True)`` no longer joins it."""
+    thread is then forgotten, and the final ``shutdown(wait=True)`` no longer joins it.
+    A header check starts its pool only for a file it must ask Pillow about (a WebP here)."""
+    if check.endswith("Pillow"):
+        write_image(image_dir / "cat" / "odd.webp", seed=99)
     before = set(threading.enumerate())
     for n in range(2):
-        pack(image_dir, tmp_path / f"s{n}.lmdb", PackOptions(backend="lmdb", check="header"))
+        options = PackOptions(backend="lmdb", check=check.split(",")[0])  # type: ignore[arg-type]
+        result = pack(image_dir, tmp_path / f"s{n}.lmdb", options)
+        assert result.manifest.num_records == len(list(image_dir.rglob("*.*")))
         assert set(threading.enumerate()) == before
         assert multiprocessing.active_children() == []
+
+
+def _files_of_every_kind(root: Path) -> dict[str, bytes]:
+    """Plain JPEGs and PNGs, and files a header check must leave to Pillow: other formats,
+    EXIF and XMP orientations, transparency, 16 bits, broken headers, not images."""
+    rng = np.random.default_rng(5)
+
+    def saved(im: Image.Image, fmt: str, **options: object) -> bytes:
+        out = io.BytesIO()
+        im.save(out, fmt, **options)
+        return out.getvalue()
+
+    def noise(mode: str, size: tuple[int, int]) -> Image.Image:
+        pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+        return Image.fromarray(pixels).convert(mode)
+
+    rotated = Image.Exif()
+    rotated[0x0112] = 6
+    files = {
+        f"plain/{i}.{'png' if i % 3 else 'jpg'}": saved(
+            noise("RGB", (9 + i, 5 + i)), "PNG" if i % 3 else "JPEG"
+        )
+        for i in range(30)
+    }
+    files |= {
+        "odd/rotated.jpg": saved(noise("RGB", (12, 7)), "JPEG", exif=rotated),
+        "odd/xmp.jpg": saved(noise("RGB", (12, 7)), "JPEG", xmp=b'<x tiff:Orientation="8"/>'),
+        "odd/grey.webp": saved(noise("L", (6, 4)), "WEBP"),
+        "odd/anim.gif": saved(noise("P", (6, 4)), "GIF"),
+        "odd/keyed.png": saved(noise("P", (6, 4)), "PNG", transparency=0),
+        "odd/wide.png": saved(Image.fromarray(np.zeros((3, 5), np.uint16)), "PNG"),
+        "odd/rgba.png": saved(noise("RGBA", (6, 4)), "PNG"),
+        "odd/cmyk.jpg": saved(noise("CMYK", (6, 4)), "JPEG"),
+        "odd/no-frame.jpg": b"\xff\xd8\xff\xe0\x00\x04AB\xff\xda\x00\x02" + bytes(30),
+        "odd/text.png": b"not a png at all\n",
+        "odd/cut.jpg": saved(noise("RGB", (64, 64)), "JPEG")[:120],
+    }
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return files
+
+
+@pytest.mark.parametrize("pieces", ["whole", "small"])
+def test_a_header_check_gives_pillows_answer_for_every_file(
+    tmp_path: Path, backend: str, pieces: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain JPEGs and PNGs are vouched for by packer.headers, the rest asked of Pillow in
+    the pool: each record has the shape and format, each skip the reason, that a Pillow
+    probe of its file gives, with the bytes as they are and the order a full check gives.
+    In small pieces, several wait for the pool at once, and some for want of room."""
+    from packer.prepare import probed, reason
+
+    if pieces == "small":
+        monkeypatch.setattr(sys.modules["packer.pack"], "_VOUCH_FILES", 3)
+        monkeypatch.setattr(sys.modules["packer.pack"], "_PIECE_BYTES", 1000)
+        monkeypatch.setattr(sys.modules["packer.pack"], "_AHEAD_BYTES", 3000)
+
+    root = tmp_path / "imgs"
+    files = _files_of_every_kind(root)
+    options = _options(backend, check="header", labels="none")
+    result = pack(root, store_path(tmp_path, backend), options)
+    expected: dict[str, object] = {}
+    for name in files:
+        try:
+            _, _, shape, fmt = probed(imaging.probe(root / name), "RGB")
+            expected[name] = (shape, fmt)
+        except Exception as e:  # noqa: BLE001 - Pillow's refusal, as the pack words it
+            expected[name] = reason(e)
+    assert sum(isinstance(v, str) for v in expected.values()) >= 3  # the broken ones
+    got: dict[str, object] = {s.path: s.reason for s in result.skipped}
+    with open_store(result.store) as store:
+        records = list(store.records())
+    for r in records:
+        assert bytes(r.data) == files[r.path]
+        got[r.path] = (r.shape, r.format)
+    assert got == expected
+    full = pack(root, store_path(tmp_path / "full", backend), _options(backend, labels="none"))
+    with open_store(full.store) as store:
+        in_full = [r.path for r in store.records()]
+    assert [r.path for r in records if r.path in in_full] == [p for p in in_full if p in got]
+
+
+def test_a_header_check_reads_a_bounded_stretch_ahead_of_pillows_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Files read while earlier ones wait for the pool are held in memory: a piece is handed
+    on once the bytes read past its start exceed _AHEAD_BYTES, answered or not (here every
+    file is a WebP, left to Pillow, whose pool takes a while to start)."""
+    module = sys.modules["packer.pack"]
+    sizes = []
+    for i in range(40):
+        sizes.append(write_image(tmp_path / "imgs" / f"{i:02}.webp", seed=i).stat().st_size)
+    monkeypatch.setattr(module, "_VOUCH_FILES", 2)
+    monkeypatch.setattr(module, "_AHEAD_BYTES", 6 * max(sizes))
+    reads: list[str] = []
+    real = module.read_item
+    monkeypatch.setattr(module, "read_item", lambda *a: (reads.append(a[1].path), real(*a))[1])
+    options = PackOptions(backend="lmdb", check="header", workers=1)
+    items = load_source(tmp_path / "imgs", "none").items
+    pool = module._PoolOnDemand(options)
+    try:
+        pieces = module._read_and_vouch(tmp_path / "imgs", items, pool, options)
+        first = next(pieces)
+        assert [r.path for r in first] == [i.path for i in items[:2]]
+        assert len(reads) <= 2 + 6 + 2  # its own files, _AHEAD_BYTES' worth, one more piece
+        assert [r.format for p in [first, *pieces] for r in p] == ["WEBP"] * 40
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.skipif(
