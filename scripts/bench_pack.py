@@ -20,8 +20,9 @@ bytes), for each backend:
   4. store size: sum of ``manifest.shards[*].bytes`` / sum of source file sizes; the
      manifest's own size apart.
 
-Shown too: the header probes alone, every file parsed by ``imaging.probe`` in one process, as
-``check="header"`` does in its pool.
+Shown too: the header checks alone, in one thread: every file parsed by Pillow
+(``imaging.probe``), as ``check="header"`` did in its pool until 2026-11-24, and every file read
+and checked as it does now (``packer.headers``, Pillow for what it declines).
 
 Targets: packer time / limit time <= 1.3 (1, 2); store size <= 1.02x the sources (4).
 Each run's CPU-seconds (its threads and worker processes, from getrusage) are shown beside
@@ -64,7 +65,7 @@ from typing import Any
 import simplejpeg
 from PIL import Image
 
-from packer import PackOptions, imaging, pack
+from packer import PackOptions, headers, imaging, pack
 from packer.manifest import MANIFEST_NAME, Manifest
 from packer.options import default_workers
 
@@ -79,6 +80,7 @@ SIZE_TARGET = 1.02
 EXT = {"lmdb": "lmdb", "hdf5": "h5"}
 TURBO_LIMIT = "decode limit (turbo)"
 PROBES = "header probes (1 process)"
+VOUCHED = "header checks, as packed"
 Kept = dict[str, tuple[Manifest, int]]  # run key -> (manifest, manifest file bytes)
 COLD = " (cold)"
 NOTES = [
@@ -94,8 +96,9 @@ NOTES = [
     "full check decodes them; the target is judged against the Pillow limit",
     "CPU s = CPU-seconds of the best run: this process's threads and its worker processes; "
     "on N cores no run takes less than CPU s / N seconds",
-    "header probes = every file's header parsed by imaging.probe (Pillow) in one process, "
-    "as --check header does in the pool: shown, not judged",
+    "header probes = every file's header parsed by imaging.probe (Pillow) in one process; "
+    "header checks, as packed = every file read whole and its header checked by "
+    "packer.headers (Pillow for what it declines), as --check header does: shown, not judged",
 ]
 
 
@@ -152,6 +155,16 @@ def probe_files(files: list[Path]) -> None:
     imaging.load_plugins()  # a pack's workers inherit them loaded (packer.pack._start_pool)
     for path in files:
         imaging.probe(path)
+
+
+def check_headers(files: list[Path]) -> None:
+    """Every file read and its header checked as ``--check header`` does in the pack's
+    read-ahead thread: by ``packer.headers``, and by Pillow where it declines."""
+    imaging.load_plugins()
+    for path in files:
+        data = path.read_bytes()
+        if headers.vouch(data, imaging.DEFAULT_MAX_PIXELS) is None:
+            imaging.probe(data)
 
 
 def copy_and_decode(files: list[Path], target: Path, workers: int, turbo: bool) -> float:
@@ -232,6 +245,7 @@ def plan(
         "decode limit": partial(copy_and_decode, data.files, copy_to, workers, False),
         TURBO_LIMIT: partial(copy_and_decode, data.files, copy_to, workers, True),
         PROBES: partial(probe_files, data.files),
+        VOUCHED: partial(check_headers, data.files),
     }
     for b in backends:
         store = scratch / f"store.{EXT[b]}"
