@@ -24,12 +24,13 @@ mutated headers, whenever it answers, Pillow's answer is the same.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 
 from packer.imaging import ImageInfo
 
-__all__ = ["vouch"]
+__all__ = ["HEAD_BYTES", "vouch", "vouch_file"]
 
 _JPEG = b"\xff\xd8\xff"
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -50,6 +51,19 @@ def vouch(data: bytes | memoryview, max_pixels: int) -> ImageInfo | None:
     if info is None or not (0 < info.width * info.height <= max_pixels):
         return None  # the bomb refusal and its wording are imaging._open's
     return info
+
+
+HEAD_BYTES = 16 << 10  # what vouch_file reads: headers with more (a big EXIF) go to Pillow
+
+
+def vouch_file(path: str | os.PathLike[str], max_pixels: int) -> ImageInfo | None:
+    """``vouch`` of the file at ``path``, from its first HEAD_BYTES.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        return vouch(f.read(HEAD_BYTES), max_pixels)
 
 
 # --- JPEG ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from packer import imaging
+from packer import headers, imaging
 from packer.options import PackOptions
 from packer.record import checksum
 
@@ -99,8 +99,9 @@ def prepare_file(path: Path, options: PackOptions, keep_bytes: bool = False) -> 
     (sending them back through the pool's pipes costs more), unless ``keep_bytes``: a caller
     in the writer's own process keeps the bytes read here and reads each file once."""
     try:
-        if options.probes_only:
-            return probed(imaging.probe(path, options.max_pixels), options.mode)
+        if options.probes_only:  # Pillow only for what packer.headers cannot settle
+            info = headers.vouch_file(path, options.max_pixels)
+            return probed(info or imaging.probe(path, options.max_pixels), options.mode)
         data = path.read_bytes()
         if options.payload == "original":
             info = imaging.verify(data, options.max_pixels)

@@ -10,6 +10,7 @@ medians over several rounds, made in turn, tell it from the noise.
 
     python scripts/ab_pack.py c8f8c5d~1 c8f8c5d --backend lmdb     # that commit's gain
     python scripts/ab_pack.py HEAD --backend hdf5 --check full --rounds 6
+    python scripts/ab_pack.py HEAD --source ~/photos    # another folder than the bench's
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--packs", type=int, default=5, help="packs counted per process")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/packer-bench"))
+    parser.add_argument(
+        "--source", type=Path, help="pack this folder instead of bench_pack's images"
+    )
     args = parser.parse_args(argv)
-    data = prepare_data(args.workdir / "images", DEFAULT_IMAGES, (300, 640))
+    root = args.source or prepare_data(args.workdir / "images", DEFAULT_IMAGES, (300, 640)).root
     scratch = Path(tempfile.mkdtemp(prefix="packer-ab-"))
     versions = {"base": args.base, "new": args.new}
     codes: dict[str, Path] = {}
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         medians: dict[str, list[float]] = {name: [] for name in versions}
         for r in range(args.rounds):
             got = {
-                name: one_round(codes[name], data.root, scratch / f"out-{name}", args)
+                name: one_round(codes[name], root, scratch / f"out-{name}", args)
                 for name in versions
             }
             for name, g in got.items():

@@ -401,17 +401,22 @@ def test_workers_that_only_probe_headers_yield_the_cores_to_the_writer(check: st
     assert niceness == (min(19, ours + 10) if check == "header" else ours)
 
 
-@pytest.mark.parametrize("check", ["full", "header", "header, with Pillow"])
+@pytest.mark.parametrize("check", ["full", "header", "header, an odd file found late"])
 def test_a_pack_leaves_no_thread_or_process_behind(
-    image_dir: Path, tmp_path: Path, check: str
+    image_dir: Path, tmp_path: Path, check: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pool is joined before pack returns. A thread left running would make the next pack
     start its workers with forkserver (fork is only safe with no other thread), ~0.5 s
     slower: shutting the pool down early with ``wait=False`` did that, since its manager
     thread is then forgotten, and the final ``shutdown(wait=True)`` no longer joins it.
-    A header check starts its pool only for a file it must ask Pillow about (a WebP here)."""
-    if check.endswith("Pillow"):
+    A header check of plain files starts its pool only for a file it must ask Pillow about
+    (a WebP here, after a sample that saw none)."""
+    if check.endswith("late"):
         write_image(image_dir / "cat" / "odd.webp", seed=99)
+        monkeypatch.setattr(sys.modules["packer.pack"], "_SAMPLE", 0)
+    elif check == "header":  # plain files: checked in the read-ahead thread, no pool at all
+        items = load_source(image_dir).items
+        assert sys.modules["packer.pack"]._plain_sample(image_dir, items, PackOptions())
     before = set(threading.enumerate())
     for n in range(2):
         options = PackOptions(backend="lmdb", check=check.split(",")[0])  # type: ignore[arg-type]
@@ -462,24 +467,30 @@ def _files_of_every_kind(root: Path) -> dict[str, bytes]:
     return files
 
 
-@pytest.mark.parametrize("pieces", ["whole", "small"])
+@pytest.mark.parametrize("where", ["pool", "thread", "thread, small pieces"])
 def test_a_header_check_gives_pillows_answer_for_every_file(
-    tmp_path: Path, backend: str, pieces: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, backend: str, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Plain JPEGs and PNGs are vouched for by packer.headers, the rest asked of Pillow in
-    the pool: each record has the shape and format, each skip the reason, that a Pillow
-    probe of its file gives, with the bytes as they are and the order a full check gives.
-    In small pieces, several wait for the pool at once, and some for want of room."""
+    """Each record has the shape and format, each skip the reason, that a Pillow probe of its
+    file gives, with the bytes as they are and the order a full check gives; whether the
+    headers are checked in the pool (a folder whose sample has odd files, as this one) or
+    in the read-ahead thread, which vouches for plain JPEGs and PNGs and asks the pool about
+    the rest. In small pieces, several wait for the pool at once, and some for want of room."""
     from packer.prepare import probed, reason
 
-    if pieces == "small":
-        monkeypatch.setattr(sys.modules["packer.pack"], "_VOUCH_FILES", 3)
-        monkeypatch.setattr(sys.modules["packer.pack"], "_PIECE_BYTES", 1000)
-        monkeypatch.setattr(sys.modules["packer.pack"], "_AHEAD_BYTES", 3000)
+    module = sys.modules["packer.pack"]
+    if where.startswith("thread"):
+        monkeypatch.setattr(module, "_SAMPLE", 0)  # sample nothing: as if all were plain
+    if where.endswith("small pieces"):
+        monkeypatch.setattr(module, "_VOUCH_FILES", 3)
+        monkeypatch.setattr(module, "_PIECE_BYTES", 1000)
+        monkeypatch.setattr(module, "_AHEAD_BYTES", 3000)
 
     root = tmp_path / "imgs"
     files = _files_of_every_kind(root)
     options = _options(backend, check="header", labels="none")
+    items = load_source(root, "none").items
+    assert module._plain_sample(root, items, options) == (where != "pool")
     result = pack(root, store_path(tmp_path, backend), options)
     expected: dict[str, object] = {}
     for name in files:
