@@ -1,7 +1,8 @@
 """``pack``: a folder of images in, a pre-shuffled, sharded store out.
 
     scan -> shuffle -> plan shards -> prepare in a process pool -> shard writers -> commit
-                                      (or one Dask task per shard: packer.dask_pack)
+                                      (or one Dask task per shard: packer.dask_pack;
+                                       a header check of plain JPEGs and PNGs needs no pool)
 
 This is the only module that knows the whole sequence; each step is a function or class
 from a module with one job. Each finished shard is recorded in a ledger (``packer.ledger``)
@@ -310,7 +311,8 @@ def _write_here(
     jobs: list[ShardJob], context: PackContext, ledger: Ledger, step: Callable[[], None]
 ) -> Iterator[tuple[int, ShardResult]]:
     """Write the shards in this process, in turn, from one ordered stream of records that
-    the worker pool prepares for all of them."""
+    the worker pool prepares for all of them (the read-ahead thread, for a header check of
+    plain JPEGs and PNGs: _plain_sample)."""
     items = [item for job in jobs for item in job.items]
     options, root = context.options, context.root
     # One thread reads and checksums the source bytes and keeps up to _AHEAD_BYTES of
@@ -454,8 +456,8 @@ def _vouched(root: Path, item: SourceItem, options: PackOptions) -> Record | Ski
     info = headers.vouch(read.data, options.max_pixels)
     if info is None:
         return read
-    _, _, shape, fmt = probed(info, options.mode)
-    return read.record(shape, fmt)
+    known = probed(info, options.mode)
+    return read.record(known.shape, known.format)
 
 
 def _answered(
@@ -484,7 +486,7 @@ def _answered(
 class _PoolOnDemand:
     """The worker pool of a header check, started when a file first needs Pillow: a folder
     of plain JPEGs and PNGs never starts it. By then this pack has threads, so its workers
-    start with forkserver (_start_pool), ~0.5 s once."""
+    start with forkserver (_start_pool): 0.3-0.5 s, once."""
 
     def __init__(self, options: PackOptions) -> None:
         self.options = options

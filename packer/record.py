@@ -7,7 +7,7 @@ LMDB value layout (little-endian)::
 The payload comes last and unframed, so a reader can take it as a zero-copy slice of the
 value without msgpack copying it. msgpack, never pickle: opening a store from an untrusted
 source must not run code. A pack reads each source file straight into this layout
-(read_record), so that writing it to LMDB copies no bytes on the way.
+(read_source), so that writing it to LMDB copies no bytes on the way.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ __all__ = [
     "CRC32_BY",
     "checksum",
     "pack_value",
-    "read_record",
     "read_source",
     "unpack_value",
 ]
@@ -60,7 +59,7 @@ class Record:
     shape: tuple[int, int, int]  # upright height, width, channels as the reader yields them
     format: str  # "JPEG", "PNG", ... or "raw"
     # The whole LMDB value, ``data`` at its end, when the record was read that way
-    # (read_record): pack_value then copies nothing.
+    # (read_source): pack_value then copies nothing.
     value: memoryview | None = None
 
 
@@ -106,23 +105,6 @@ def _meta(
     path: str, labels: tuple[int, ...], crc32: int, shape: tuple[int, int, int], fmt: str
 ) -> bytes:
     return msgpack.packb({"p": path, "l": list(labels), "c": crc32, "s": list(shape), "f": fmt})
-
-
-def read_record(
-    file: str,
-    size: int,
-    path: str,
-    labels: tuple[int, ...],
-    shape: tuple[int, int, int],
-    fmt: str,
-    framed: bool,
-) -> Record:
-    """The record of the source file at ``file``: ``read_source(...).record(shape, fmt)``.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    return read_source(file, size, path, labels, framed).record(shape, fmt)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,6 @@ from packer.store import ShardMeta, open_shard_writer
 __all__ = [
     "PackContext",
     "ShardJob",
-    "CHANGED",
     "estimated_bytes",
     "read_item",
     "storage",
@@ -178,17 +177,17 @@ def to_record(
     if options.payload != "original" or result.payload is not None:
         assert result.payload is not None and result.crc32 is not None
         if options.payload == "original" and len(result.payload) != item.size:
-            return Skipped(item.path, CHANGED)
+            return Skipped(item.path, _CHANGED)
         return Record(result.payload, labels, item.path, result.crc32, shape, fmt)
     read = read_item(root, item, options)
     if isinstance(read, Skipped):
         return read
     if result.crc32 not in (None, read.crc32):  # the worker's check read other bytes
-        return Skipped(item.path, CHANGED)
+        return Skipped(item.path, _CHANGED)
     return read.record(shape, fmt)
 
 
-CHANGED = "file changed while packing"
+_CHANGED = "file changed while packing"
 
 
 def read_item(root: Path, item: SourceItem, options: PackOptions) -> SourceRead | Skipped:
@@ -199,7 +198,7 @@ def read_item(root: Path, item: SourceItem, options: PackOptions) -> SourceRead 
         read = read_source(os.path.join(root, item.path), item.size, item.path, item.labels, framed)
     except OSError as e:
         return Skipped(item.path, f"cannot read: {e.strerror}")
-    return read if len(read.data) == item.size else Skipped(item.path, CHANGED)
+    return read if len(read.data) == item.size else Skipped(item.path, _CHANGED)
 
 
 def estimated_bytes(item: SourceItem, options: PackOptions) -> int:

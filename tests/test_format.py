@@ -19,7 +19,7 @@ from packer.manifest import (
     read_manifest,
     write_manifest,
 )
-from packer.record import Record, checksum, pack_value, read_record, unpack_value
+from packer.record import Record, checksum, pack_value, read_source, unpack_value
 
 
 def test_record_value_round_trip_with_zero_copy_payload() -> None:
@@ -38,26 +38,34 @@ def test_record_value_round_trip_with_zero_copy_payload() -> None:
     )
 
 
-# msgpack writes a CRC in 1, 2, 3 or 5 bytes: the header framed in front of the bytes read
-# must start where its length says, whichever the width.
+# msgpack writes a CRC (and a shape's numbers) in 1, 2, 3 or 5 bytes: the header framed in
+# front of the bytes read must start where its length says, whichever the width. A format
+# name too long for the room left in front gives a record pack_value joins instead.
 @pytest.mark.parametrize("crc", [0, 0x7F, 0xFF, 0xFFFF, 0x10000, 0xFFFFFFFF])
-def test_a_record_read_framed_is_the_value_pack_value_writes(tmp_path: Path, crc: int) -> None:
+@pytest.mark.parametrize(
+    ("shape", "fmt"),
+    [((40, 64, 3), "JPEG"), ((2**31 - 1, 70_000, 4), "F" * 31), ((1, 1, 1), "F" * 200)],
+)
+def test_a_record_read_framed_is_the_value_pack_value_writes(
+    tmp_path: Path, crc: int, shape: tuple[int, int, int], fmt: str
+) -> None:
     source = tmp_path / "a.jpg"
     source.write_bytes(_with_crc(bytes(range(256)) * 40, crc))
     data = source.read_bytes()
-    args = (str(source), len(data), "d/a.jpg", (7, -2), (40, 64, 3), "JPEG")
-    framed = read_record(*args, framed=True)
-    assert framed.crc32 == crc and bytes(framed.data) == data and framed.value is not None
-    joined = pack_value(Record(data, (7, -2), "d/a.jpg", crc, (40, 64, 3), "JPEG"))
+    args = (str(source), len(data), "d/a.jpg", (7, -2))
+    framed = read_source(*args, framed=True).record(shape, fmt)
+    assert framed.crc32 == crc and bytes(framed.data) == data
+    assert (framed.value is not None) == (len(fmt) < 200)
+    joined = pack_value(Record(data, (7, -2), "d/a.jpg", crc, shape, fmt))
     assert bytes(pack_value(framed)) == joined
-    plain = read_record(*args, framed=False)
+    plain = read_source(*args, framed=False).record(shape, fmt)
     assert plain.value is None and bytes(plain.data) == data and plain.crc32 == crc
     # The file changed since the scan: what it holds now is read, one byte past the size
     # expected at most, so that the caller sees the length differ.
     source.write_bytes(data + b"more")
-    assert len(read_record(*args, framed=True).data) == len(data) + 1
+    assert len(read_source(*args, framed=True).data) == len(data) + 1
     source.write_bytes(data[:-5])
-    assert bytes(read_record(*args, framed=True).data) == data[:-5]
+    assert bytes(read_source(*args, framed=True).data) == data[:-5]
 
 
 def _with_crc(data: bytes, crc: int) -> bytes:
