@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import sys
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -446,6 +447,43 @@ def test_icc_profile_is_kept_in_the_bytes_but_not_applied(packed: Packed) -> Non
         [(_, _, record)] = packed.records[name]
         with Image.open(io.BytesIO(bytes(record.data))) as im:
             assert im.info.get("icc_profile"), name
+
+
+@pytest.mark.parametrize("where", ["pool", "read-ahead thread"])
+def test_a_header_check_skips_only_what_the_full_check_skips_and_agrees_on_the_rest(
+    packed: Packed,
+    source: Path,
+    tmp_path: Path,
+    where: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Packed with ``--check header`` (its headers read by the pool's workers, or by the
+    read-ahead thread with packer.headers and the pool for the rest), the folder gives a
+    subset of the full check's skips, each for the same reason, and every record the full
+    check also kept has the same bytes, shape and format; the others are files cut in their
+    pixel data, which only a decode finds."""
+    if where != "pool":
+        monkeypatch.setattr(sys.modules["packer.pack"], "_SAMPLE", 0)
+    backend = packed.result.manifest.backend
+    options = PackOptions(
+        backend=backend, labels="none", seed=1234, workers=2, max_pixels=MAX_PIXELS, check="header"
+    )
+    result = pack(source, store_path(tmp_path, backend), options)
+    skipped = {s.path: s.reason for s in result.skipped}
+    assert skipped.items() <= packed.skipped.items()
+    with open_store(result.store) as store:
+        records = list(store.records())
+    assert len(records) + len(skipped) == len(packed.records) + len(packed.skipped)
+    for record in records:
+        if record.path in packed.records:
+            (_, _, full), *_ = packed.records[record.path]
+            assert (bytes(record.data), record.shape, record.format) == (
+                bytes(full.data),
+                full.shape,
+                full.format,
+            )
+        else:
+            assert record.path in packed.skipped  # cut in its pixels: found by a decode
 
 
 def test_first_frame_is_not_the_others() -> None:
