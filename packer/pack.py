@@ -418,8 +418,10 @@ def _read_and_vouch(
     paths = [os.path.join(root, item.path) for item in items]
     ends = list(itertools.accumulate((item.size for item in items), initial=0))
     hinted = 0  # items[:hinted] announced to the kernel
-    waiting: deque[tuple[int, int, list[Record | Skipped | SourceRead], Future[Any] | None]]
-    waiting = deque()  # pieces read: (first item, end, records, the pool's answers)
+    waiting: deque[
+        tuple[int, int, list[Record | Skipped | SourceRead], list[str], Future[Any] | None]
+    ]
+    waiting = deque()  # pieces read: (first item, end, records, files asked about, answers)
     start = 0
     while start < len(items):
         # A piece: up to _VOUCH_FILES files and _PIECE_BYTES (or one file).
@@ -432,16 +434,16 @@ def _read_and_vouch(
         piece = [_vouched(root, item, options) for item in items[start:stop]]
         doubtful = [paths[start + k] for k, r in enumerate(piece) if isinstance(r, SourceRead)]
         asked = pool.probe(doubtful) if doubtful else None
-        waiting.append((start, stop, piece, asked))
+        waiting.append((start, stop, piece, doubtful, asked))
         start = stop
         while waiting and (
-            waiting[0][3] is None
-            or waiting[0][3].done()
+            waiting[0][4] is None
+            or waiting[0][4].done()
             or ends[start] - ends[waiting[0][0]] > _AHEAD_BYTES
         ):
-            yield _answered(*waiting.popleft(), items, paths)
+            yield _answered(*waiting.popleft(), items)
     while waiting:
-        yield _answered(*waiting.popleft(), items, paths)
+        yield _answered(*waiting.popleft(), items)
 
 
 _VOUCH_FILES = 128  # files a piece at most (as the pool's tasks of header probes)
@@ -464,12 +466,12 @@ def _answered(
     start: int,
     stop: int,
     piece: list[Record | Skipped | SourceRead],
+    doubtful: list[str],
     asked: Future[list[Prepared | Rejected]] | None,
     items: list[SourceItem],
-    paths: list[str],
 ) -> list[Record | Skipped]:
-    """A piece of _read_and_vouch with the pool's answers for the files it asked about."""
-    doubtful = [paths[start + k] for k, r in enumerate(piece) if isinstance(r, SourceRead)]
+    """A piece of _read_and_vouch with the pool's answers for the files it asked about
+    (``doubtful``, its SourceReads in order)."""
     answers = iter(_result(doubtful, asked) if asked is not None else ())
     done: list[Record | Skipped] = []
     for item, read in zip(items[start:stop], piece):

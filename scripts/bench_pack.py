@@ -168,11 +168,12 @@ def check_headers(files: list[Path], heads: list[bytes]) -> None:
             imaging.probe(path)
 
 
-def first_bytes(files: list[Path], n: int = 16 << 10) -> list[bytes]:
+def first_bytes(files: list[Path]) -> list[bytes]:
+    """Each file's first bytes, as many as a pack's workers read to check a header."""
     out = []
     for path in files:
         with path.open("rb") as f:
-            out.append(f.read(n))
+            out.append(f.read(headers.HEAD_BYTES))
     return out
 
 

@@ -43,8 +43,13 @@ def image_bytes(
     channels = {"RGB": 3, "RGBA": 4, "L": 1, "LA": 2}[mode]
     pixels = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
     im = Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
+    return encoded(im, fmt, **save)
+
+
+def encoded(im: Image.Image, fmt: str, **options: object) -> bytes:
+    """``im`` as Pillow saves it in ``fmt`` (with its save ``options``)."""
     out = io.BytesIO()
-    im.save(out, fmt, **save)
+    im.save(out, fmt, **options)
     return out.getvalue()
 
 

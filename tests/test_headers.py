@@ -8,15 +8,15 @@ mutations of real headers. Mutations are seeded: a failure names its seed and it
 
 from __future__ import annotations
 
-import io
 import random
 import struct
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import corpus_dir, image_bytes
+from conftest import corpus_dir, encoded, image_bytes
 from PIL import Image, PngImagePlugin
 
 from packer import headers, imaging
@@ -37,12 +37,6 @@ def agrees(data: bytes, max_pixels: int = LIMIT) -> imaging.ImageInfo | None:
     if ours is not None:
         assert ours == pillow(data, max_pixels), data[:64]
     return ours
-
-
-def saved(im: Image.Image, fmt: str, **options: object) -> bytes:
-    out = io.BytesIO()
-    im.save(out, fmt, **options)
-    return out.getvalue()
 
 
 def noise(mode: str, size: tuple[int, int] = (13, 7)) -> Image.Image:
@@ -68,35 +62,37 @@ XMP_ROTATED = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
 # Files it must vouch for: what Pillow, cameras and scanners write every day.
 PLAIN: dict[str, Callable[[], bytes]] = {
     "jpeg rgb": lambda: image_bytes((40, 30)),
-    "jpeg grey": lambda: saved(noise("L"), "JPEG"),
-    "jpeg cmyk": lambda: saved(noise("CMYK"), "JPEG"),
-    "jpeg progressive": lambda: saved(noise("RGB"), "JPEG", progressive=True),
-    "jpeg 4:4:4, restart markers": lambda: saved(
+    "jpeg grey": lambda: encoded(noise("L"), "JPEG"),
+    "jpeg cmyk": lambda: encoded(noise("CMYK"), "JPEG"),
+    "jpeg progressive": lambda: encoded(noise("RGB"), "JPEG", progressive=True),
+    "jpeg 4:4:4, restart markers": lambda: encoded(
         noise("RGB"), "JPEG", subsampling=0, restart_marker_blocks=1
     ),
-    "jpeg with dpi": lambda: saved(noise("RGB"), "JPEG", dpi=(300, 300)),
-    "jpeg with comment": lambda: saved(noise("RGB"), "JPEG", comment=b"taken at noon"),
-    "jpeg with icc": lambda: saved(noise("RGB"), "JPEG", icc_profile=b"\x00" * 5000),
-    "jpeg with exif, no orientation": lambda: saved(noise("RGB"), "JPEG", exif=exif(Make="packer")),
-    "jpeg with exif resolution": lambda: saved(
+    "jpeg with dpi": lambda: encoded(noise("RGB"), "JPEG", dpi=(300, 300)),
+    "jpeg with comment": lambda: encoded(noise("RGB"), "JPEG", comment=b"taken at noon"),
+    "jpeg with icc": lambda: encoded(noise("RGB"), "JPEG", icc_profile=b"\x00" * 5000),
+    "jpeg with exif, no orientation": lambda: encoded(
+        noise("RGB"), "JPEG", exif=exif(Make="packer")
+    ),
+    "jpeg with exif resolution": lambda: encoded(
         noise("RGB"), "JPEG", exif=exif(XResolution=300.0, ResolutionUnit=2, Orientation=3)
     ),
-    "jpeg with xmp beside exif orientation": lambda: saved(
+    "jpeg with xmp beside exif orientation": lambda: encoded(
         noise("RGB"), "JPEG", exif=exif(Orientation=1), xmp=XMP_ROTATED
     ),
     **{
         f"jpeg exif orientation {o}": (
-            lambda o=o: saved(noise("RGB"), "JPEG", exif=exif(Orientation=o))  # type: ignore[misc]
+            lambda o=o: encoded(noise("RGB"), "JPEG", exif=exif(Orientation=o))  # type: ignore[misc]
         )
         for o in range(1, 9)
     },
-    "jpeg big-endian exif": lambda: saved(noise("RGB"), "JPEG", exif=_big_endian_exif(6)),
+    "jpeg big-endian exif": lambda: encoded(noise("RGB"), "JPEG", exif=_big_endian_exif(6)),
     **{
-        f"png {mode}": (lambda m=mode: saved(noise(m), "PNG"))
+        f"png {mode}": (lambda m=mode: encoded(noise(m), "PNG"))
         for mode in ("L", "RGB", "P", "LA", "RGBA")
     },  # type: ignore[misc]
     "png interlaced": lambda: _png(ihdr=struct.pack(">LLBBBBB", 5, 3, 8, 2, 0, 0, 1)),
-    "png with dpi": lambda: saved(noise("RGB"), "PNG", dpi=(72, 72)),
+    "png with dpi": lambda: encoded(noise("RGB"), "PNG", dpi=(72, 72)),
 }
 
 
@@ -115,7 +111,7 @@ def test_it_vouches_for_plain_files_as_pillow_would(name: str) -> None:
 
 def test_exif_orientation_swaps_the_size_as_pillow_does() -> None:
     for orientation in range(1, 9):
-        info = agrees(saved(noise("RGB", (13, 7)), "JPEG", exif=exif(Orientation=orientation)))
+        info = agrees(encoded(noise("RGB", (13, 7)), "JPEG", exif=exif(Orientation=orientation)))
         assert info is not None
         assert (info.width, info.height) == ((7, 13) if orientation >= 5 else (13, 7))
 
@@ -161,7 +157,7 @@ SHORT_6 = struct.pack("<H", 6)
 DOUBTFUL: dict[str, Callable[[], bytes]] = {
     "not an image": lambda: b"hello, world\n" * 10,
     "webp": lambda: image_bytes(fmt="WEBP"),
-    "gif": lambda: saved(noise("P"), "GIF"),
+    "gif": lambda: encoded(noise("P"), "GIF"),
     "truncated before the scan": lambda: BASE[:300],
     "junk before a marker": lambda: BASE[:2] + b"\x00" + BASE[2:],
     "fill bytes before a marker": lambda: BASE[:2] + b"\xff" + BASE[2:],
@@ -177,9 +173,9 @@ DOUBTFUL: dict[str, Callable[[], bytes]] = {
     "a short Adobe segment": lambda: _with_segment(BASE, 0xEE, b"Adobe\x00"),
     "MPF (an MPO)": lambda: _with_segment(BASE, 0xE2, b"MPF\x00" + bytes(40)),
     "Photoshop block": lambda: _with_segment(BASE, 0xED, b"Photoshop 3.0\x00"),
-    "xmp orientation alone": lambda: saved(noise("RGB"), "JPEG", xmp=XMP_ROTATED),
+    "xmp orientation alone": lambda: encoded(noise("RGB"), "JPEG", xmp=XMP_ROTATED),
     "two exif segments": lambda: _with_segment(
-        saved(noise("RGB"), "JPEG", exif=exif(Orientation=6)), 0xE1, _exif_segment()[:-4]
+        encoded(noise("RGB"), "JPEG", exif=exif(Orientation=6)), 0xE1, _exif_segment()[:-4]
     ),
     "exif orientation as LONG": lambda: _with_segment(
         BASE, 0xE1, _exif_segment((0x0112, 4, 1, struct.pack("<L", 6)))
@@ -204,14 +200,16 @@ DOUBTFUL: dict[str, Callable[[], bytes]] = {
     "exif in a motorola-less header": lambda: _with_segment(
         BASE, 0xE1, b"Exif\x00\x00XX*\x00" + bytes(20)
     ),
-    "png 16-bit": lambda: saved(
+    "png 16-bit": lambda: encoded(
         Image.fromarray(np.arange(12, dtype=np.uint16).reshape(3, 4)), "PNG"
     ),
-    "png 1-bit": lambda: saved(noise("L").convert("1"), "PNG"),
-    "png with transparency": lambda: saved(noise("P"), "PNG", transparency=3),
-    "png with text": lambda: saved(noise("RGB"), "PNG", pnginfo=_text()),
-    "png with exif": lambda: saved(noise("RGB"), "PNG", exif=exif(Orientation=6)),
-    "png animated": lambda: saved(noise("RGB"), "PNG", save_all=True, append_images=[noise("RGB")]),
+    "png 1-bit": lambda: encoded(noise("L").convert("1"), "PNG"),
+    "png with transparency": lambda: encoded(noise("P"), "PNG", transparency=3),
+    "png with text": lambda: encoded(noise("RGB"), "PNG", pnginfo=_text()),
+    "png with exif": lambda: encoded(noise("RGB"), "PNG", exif=exif(Orientation=6)),
+    "png animated": lambda: encoded(
+        noise("RGB"), "PNG", save_all=True, append_images=[noise("RGB")]
+    ),
     "png bad crc": lambda: _flip(_png((b"gAMA", struct.pack(">L", 45455))), 41),
     "png short gAMA": lambda: _png((b"gAMA", b"\x00\x01")),
     "png IHDR not first": lambda: _png()[:8] + _png((b"sRGB", b"\x00"))[33:46] + _png()[8:],
@@ -241,6 +239,19 @@ def _flip(data: bytes, at: int) -> bytes:
 def test_it_leaves_the_doubtful_to_pillow(name: str) -> None:
     data = DOUBTFUL[name]()
     assert headers.vouch(data, LIMIT) is None
+
+
+def test_a_file_is_vouched_for_from_its_first_bytes_only_when_its_header_fits(
+    tmp_path: Path,
+) -> None:
+    """vouch_file reads HEAD_BYTES: a header longer than that (a large ICC profile here)
+    is left to Pillow, though vouch answers for the whole file."""
+    small, large = tmp_path / "small.jpg", tmp_path / "large.jpg"
+    small.write_bytes(PLAIN["jpeg with icc"]())
+    large.write_bytes(encoded(noise("RGB"), "JPEG", icc_profile=bytes(headers.HEAD_BYTES)))
+    assert headers.vouch_file(small, LIMIT) == agrees(small.read_bytes()) is not None
+    assert agrees(large.read_bytes()) is not None
+    assert headers.vouch_file(large, LIMIT) is None
 
 
 def test_it_leaves_images_over_the_pixel_limit_to_pillow() -> None:

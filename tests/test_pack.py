@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import multiprocessing
 import os
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shard_checksum, store_path, write_image
+from conftest import encoded, shard_checksum, store_path, write_image
 from PIL import Image, ImageOps
 
 from packer import PackOptions, imaging, pack, read_manifest
@@ -430,11 +429,7 @@ def _files_of_every_kind(root: Path) -> dict[str, bytes]:
     """Plain JPEGs and PNGs, and files a header check must leave to Pillow: other formats,
     EXIF and XMP orientations, transparency, 16 bits, broken headers, not images."""
     rng = np.random.default_rng(5)
-
-    def saved(im: Image.Image, fmt: str, **options: object) -> bytes:
-        out = io.BytesIO()
-        im.save(out, fmt, **options)
-        return out.getvalue()
+    saved = encoded
 
     def noise(mode: str, size: tuple[int, int]) -> Image.Image:
         pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
@@ -460,6 +455,8 @@ def _files_of_every_kind(root: Path) -> dict[str, bytes]:
         "odd/no-frame.jpg": b"\xff\xd8\xff\xe0\x00\x04AB\xff\xda\x00\x02" + bytes(30),
         "odd/text.png": b"not a png at all\n",
         "odd/cut.jpg": saved(noise("RGB", (64, 64)), "JPEG")[:120],
+        # plain, but its header is past what a worker reads of it (headers.HEAD_BYTES)
+        "odd/big-header.jpg": saved(noise("RGB", (12, 7)), "JPEG", icc_profile=bytes(40_000)),
     }
     for name, data in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
