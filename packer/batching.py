@@ -24,6 +24,7 @@ from packer.errors import CorruptRecordError
 from packer.fork_gate import FORK_GATE
 from packer.record import Record, checksum
 from packer.row_checks import rows_intact
+from packer.store.base import Fetched
 
 __all__ = [
     "Window",
@@ -74,8 +75,13 @@ def read_window(
     fixed_shape: Sequence[int] | None,
     reuse: np.ndarray | None = None,
     verify: bool = False,
+    fetched: Callable[[int], Fetched | None] | None = None,
 ) -> Window:
     """Read ``spans`` (one sequential read each) into one Window.
+
+    ``fetched(k)``: the bytes of ``spans[k]`` where they were read ahead (packer.readahead),
+    taken from there rather than read again; asked for one span at a time, so that each
+    span's bytes are let go once its records are read.
 
     For raw pixels of one shape the records land in one (n, h, w, c) array: ``reuse`` (the
     previous window's array, once nothing refers to it) saves allocating and faulting in a
@@ -89,11 +95,13 @@ def read_window(
         out = reuse[:total] if fits else np.empty((total, *fixed_shape), np.uint8)  # type: ignore[index]
     starts = store.manifest.shard_starts()
     blocks, row = [], 0
-    for span in spans:
+    for k, span in enumerate(spans):
         target = out[row : row + len(span)] if out is not None else None
+        ahead = fetched(k) if fetched is not None else None
         try:
             with FORK_GATE:
-                blocks.append(store.shard(span.shard).read_block(span.start, span.stop, target))
+                shard = store.shard(span.shard)
+                blocks.append(shard.read_block(span.start, span.stop, target, ahead))
         except DAMAGE as e:
             raise store.unreadable(span.shard, span.start, span.stop, e, target) from e
         row += len(span)

@@ -8,12 +8,13 @@ returns plain data (or writes the one file it was asked to), for the CLI or a no
     contact_sheet   a PNG grid of a seeded sample (or of one class), each image labelled
     list_records    where records live and what they hold: shard, offset, labels, path, shape
     extract         one record's image as a file (its original bytes when they fit the suffix)
-    bench_store     images/s and MB/s, reading payloads only and reading + decoding
+    bench_store     the device's sequential read against the reader's, cold: which is the limit
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,6 +38,8 @@ __all__ = [
     "list_records",
     "extract",
     "bench_store",
+    "drop_cached",
+    "read_files",
 ]
 
 StoreLike = Store | Path | str
@@ -367,26 +370,23 @@ def extract(store: StoreLike, index: int, out_path: Path | str) -> Path:
 
 
 def bench_store(store: StoreLike, *, seconds: float = 5.0, batch_size: int = 256) -> dict[str, Any]:
-    """Read throughput of this store on this machine, two ways, each for at most ``seconds``
-    (a small store is read once, whole; a big one is cut off after ``seconds``).
+    """Is the device or packer the limit? Three reads of this store on this machine, each
+    from a cold page cache (the store's pages dropped first, where the OS lets us) and each
+    cut off after ``seconds``:
 
-    Returns::
+        device     the shard files read front to back in 1 MB reads: what the storage
+                   gives to a sequential reader, the ceiling for training
+        reader     ``open_reader(store, batch_size=batch_size, seed=0, decode=False)``,
+                   epoch 0: shuffled chunks read ahead, CRC checks, no decoding
+        decoded    the same, decoding in the reader's thread pool (all cores)
+            each with: images (how many were read), seconds, images_per_s, mb_per_s (10**6
+            bytes per second; of the files for device, of the payloads for the others) and
+            complete (True when the whole store was read in time)
 
-        records        records in the store
-        sequential     payloads read in store order (``Store.records``), not verified or
-                       decoded: the storage's speed, a ceiling for training
-        decoded        ``open_reader(store, batch_size=batch_size, seed=0)``, epoch 0, as a
-                       training loop with an instant step sees it: shuffled chunks, CRC checks,
-                       decoding in the reader's thread pool (all cores)
-            each with: images (how many were measured), seconds, images_per_s, mb_per_s
-                       (payload megabytes, 10**6 bytes, per second) and complete (True when
-                       the whole store was read in time)
-
-    The operating system's page cache is not dropped: a store read moments ago (the first
-    pass warms it for the second) reads at memory speed, not at disk speed.
-
-        accelerators   what decodes JPEGs ("libjpeg-turbo", or "Pillow: " and why) and what
-                       computes CRC-32s ("ISA-L" or "zlib") in this process
+    Also ``records``, ``batch_size``, ``cold`` (False where the OS kept the store's pages:
+    then the figures are of memory, not of the device), ``bound`` ("device", "packer" or
+    "decoding": what limits the reader, in a sentence in ``verdict``), and ``accelerators``:
+    what decodes JPEGs ("libjpeg-turbo", or "Pillow: " and why) and what computes CRC-32s.
 
     Raises:
         UsageError: ``seconds`` not positive or ``batch_size`` not a positive integer.
@@ -396,44 +396,106 @@ def bench_store(store: StoreLike, *, seconds: float = 5.0, batch_size: int = 256
     positive(batch_size=batch_size)
     with opened(store) as s:
         n, path = len(s), s.path
-        images = nbytes = 0
-        started = time.perf_counter()
-        for record in s.records():
-            images += 1
-            nbytes += len(record.data)
-            if time.perf_counter() - started >= seconds:
-                break
-        elapsed = max(time.perf_counter() - started, 1e-9)
-    sequential = {
-        "images": images,
-        "seconds": round(elapsed, 3),
-        "images_per_s": round(images / elapsed, 1),
-        "mb_per_s": round(nbytes / 1e6 / elapsed, 1),
-        "complete": images == n,
-    }
-
-    with open_reader(path, batch_size=batch_size, seed=0) as reader:
-        started = time.perf_counter()
-        for _images, _labels in reader.epoch(0):
-            if time.perf_counter() - started >= seconds:
-                break
-        stats = reader.stats()
-    decoded = {
-        "images": int(stats["images"]),
-        "seconds": float(stats["seconds"]),
-        "images_per_s": float(stats["images_per_s"]),
-        "mb_per_s": float(stats["mb_per_s"]),
-        "complete": int(stats["images"]) == n,
-    }
+        files = [s.path / info.file for info in s.manifest.shards]
+        if s.manifest.backend == "pytables":
+            files = [s.path]
+    cold = drop_cached(files)
+    device = read_files(files, seconds)
+    images = round(n * device.pop("fraction"))  # records in the bytes read, about
+    device.update(images=images, images_per_s=round(images / device["seconds"], 1))
+    figures = {"device": device}
+    for name, decode in (("reader", False), ("decoded", True)):
+        drop_cached(files)
+        with open_reader(path, batch_size=batch_size, seed=0, decode=decode) as reader:
+            started = time.perf_counter()
+            for _images, _labels in reader.epoch(0):
+                if time.perf_counter() - started >= seconds:
+                    break
+            stats = reader.stats()
+        figures[name] = {
+            "images": int(stats["images"]),
+            "seconds": float(stats["seconds"]),
+            "images_per_s": float(stats["images_per_s"]),
+            "mb_per_s": float(stats["mb_per_s"]),
+            "complete": int(stats["images"]) == n,
+        }
+    bound, verdict = _bound(figures)
     off = jpeg_turbo.why_off()
-    accelerators = {
-        "jpeg": "libjpeg-turbo" if off is None else f"Pillow: {off}",
-        "crc32": CRC32_BY,
-    }
     return {
         "records": n,
         "batch_size": batch_size,
-        "sequential": sequential,
-        "decoded": decoded,
-        "accelerators": accelerators,
+        "cold": cold,
+        **figures,
+        "bound": bound,
+        "verdict": verdict,
+        "accelerators": {
+            "jpeg": "libjpeg-turbo" if off is None else f"Pillow: {off}",
+            "crc32": CRC32_BY,
+        },
+    }
+
+
+def _bound(figures: dict[str, dict[str, Any]]) -> tuple[str, str]:
+    device, reader, decoded = figures["device"], figures["reader"], figures["decoded"]
+    if device["complete"] and device["seconds"] < 1.0:
+        return "none", (
+            f"the whole store reads in {device['seconds']:.2f} s: too little to tell the device's "
+            "speed from packer's"
+        )
+    # Payload megabytes against file megabytes: a store's files are a few % larger.
+    share = reader["mb_per_s"] / max(device["mb_per_s"], 1e-9)
+    if share < 0.9:
+        return "packer", (
+            f"the reader gets {share:.2f} of the device's sequential rate: packer is the limit"
+        )
+    if decoded["images_per_s"] < 0.9 * reader["images_per_s"]:
+        return "decoding", (
+            f"the reader reads at the device's speed ({share:.2f} of it); decoding on this "
+            f"machine's cores is the limit ({decoded['images_per_s']:,.0f} images/s)"
+        )
+    return "device", (
+        f"the reader reads at the device's speed ({share:.2f} of it) and decodes as fast: "
+        "the device is the limit"
+    )
+
+
+def drop_cached(files: Sequence[Path]) -> bool:
+    """Ask the OS to drop ``files``' pages from its cache, so the next read comes from the
+    device; False where it cannot be asked (no posix_fadvise). Pages that a process maps
+    or that are being written stay."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
+
+
+def read_files(files: Sequence[Path], seconds: float = math.inf) -> dict[str, Any]:
+    """``files`` read front to back in 1 MB reads, cut off after ``seconds``: bytes,
+    seconds, mb_per_s, complete, and the fraction of their bytes read."""
+    total = sum(f.stat().st_size for f in files)
+    buffer = memoryview(bytearray(1 << 20))
+    nbytes = 0
+    started = time.perf_counter()
+    complete = True
+    for file in files:
+        with open(file, "rb", buffering=0) as f:
+            while n := f.readinto(buffer):
+                nbytes += n
+                if time.perf_counter() - started >= seconds:
+                    break
+        if time.perf_counter() - started >= seconds:
+            complete = nbytes >= total
+            break
+    elapsed = max(time.perf_counter() - started, 1e-6)
+    return {
+        "bytes": nbytes,
+        "seconds": round(elapsed, 6),
+        "mb_per_s": round(nbytes / 1e6 / elapsed, 1),
+        "complete": complete,
+        "fraction": nbytes / total if total else 1.0,
     }

@@ -35,6 +35,8 @@ from packer.batching import (
 )
 from packer.manifest import Manifest
 from packer.options import default_workers
+from packer.readahead import SUPPORTED, ReadAhead
+from packer.store.base import Fetched
 
 if TYPE_CHECKING:
     from packer.reader import ReaderOptions
@@ -142,12 +144,14 @@ class Producer:
 
     def planned_windows(self, epoch: int) -> Iterator[tuple[list[plan.Span], np.ndarray]]:
         """This reader's share of ``epoch`` as shuffle windows: (spans, order of their records)."""
-        rank, world, worker, workers = self.parts
-        stream = (self.options.seed, epoch, rank, world, worker, workers)
         for index, spans in enumerate(plan.windows(self.spans(epoch), self.options.buffer_chunks)):
-            size = sum(len(s) for s in spans)
-            shuffled = self.options.shuffle
-            yield spans, plan.window_order(size, stream, index) if shuffled else np.arange(size)
+            yield spans, self._window_order(epoch, index, sum(len(s) for s in spans))
+
+    def _window_order(self, epoch: int, index: int, size: int) -> np.ndarray:
+        if not self.options.shuffle:
+            return np.arange(size)
+        rank, world, worker, workers = self.parts
+        return plan.window_order(size, (self.options.seed, epoch, rank, world, worker, workers), index)
 
     def record_order(self, epoch: int) -> np.ndarray:
         """Global indices of the records this reader yields in ``epoch``, in order; no I/O."""
@@ -163,6 +167,13 @@ class Producer:
         checked with ``verify`` as they are read, see read_window)."""
         opts = self.options
         fixed = self.manifest.storage.shape if self.manifest.storage.payload == "raw" else None
+        groups = plan.windows(self.spans(epoch), opts.buffer_chunks)
+        first = 0  # resuming: whole windows before the resume point are not read
+        while first < len(groups) and skip >= sum(len(s) for s in groups[first]):
+            skip -= sum(len(s) for s in groups[first])
+            first += 1
+        ahead = self._read_ahead([s for spans in groups[first:] for s in spans])
+        taken = 0  # spans read so far
         carry: list[Window] = []
         carried = 0
         rows: np.ndarray | None = None
@@ -178,13 +189,13 @@ class Producer:
         except IndexError:
             array = None
         try:
-            for spans, order in self.planned_windows(epoch):
-                size = len(order)
-                if skip >= size:  # resuming: whole windows before the resume point are not read
-                    skip -= size
-                    continue
+            for index in range(first, len(groups)):
+                spans = groups[index]
+                order = self._window_order(epoch, index, sum(len(s) for s in spans))
                 window = None  # one window alive at a time, not two
-                window = read_window(store, spans, fixed, array, verify)
+                fetched = partial(_take, ahead, taken) if ahead is not None else None
+                taken += len(spans)
+                window = read_window(store, spans, fixed, array, verify, fetched)
                 if isinstance(window.data, np.ndarray):
                     array = window.data if window.data.base is None else window.data.base
                 order = order[skip:]
@@ -204,8 +215,16 @@ class Producer:
             if carry and not opts.drop_last:
                 yield concat(carry, None if rows is None else rows[:carried])
         finally:
+            if ahead is not None:
+                ahead.close()
             if array is not None:
                 self._spare_windows[:] = [array]
+
+    def _read_ahead(self, spans: list[plan.Span]) -> ReadAhead | None:
+        depth = self.options.read_ahead
+        if not depth or not spans or not SUPPORTED or self.manifest.backend == "pytables":
+            return None
+        return ReadAhead(self.path, spans, depth)
 
     def _open_store(self) -> Store:
         if self._store is None or self._store_pid != os.getpid():
@@ -218,6 +237,10 @@ class Producer:
         if self._store is not None and self._store_pid == os.getpid():
             self._store.close()
         self._store = None
+
+
+def _take(ahead: ReadAhead, first: int, k: int) -> Fetched | None:
+    return ahead.take(first + k)
 
 
 def _gpu_mover(opts: ReaderOptions) -> Callable[[Batch], tuple[Batch, Callable[[], None] | None]]:

@@ -61,6 +61,10 @@ class ReaderOptions:
     seed: int = 0
     chunk_size: int | None = None  # None: about 32 MB of payload, and at least 64 chunks
     buffer_chunks: int = 8
+    # Chunks whose bytes are read ahead of the reader, in large sequential requests
+    # (packer.readahead); 0: none. Two keep a disk busy while the reader takes one: more
+    # only hold more memory.
+    read_ahead: int = 2
     prefetch: int = 4
     # At an epoch's end, go on prefetching the next one, so it starts without a wait.
     across_epochs: bool = True
@@ -93,6 +97,8 @@ class ReaderOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        if not isinstance(self.read_ahead, int) or self.read_ahead < 0:
+            raise UsageError(f"read_ahead must be a whole number of chunks, not {self.read_ahead!r}")
         choices = {
             "on_error": ("raise", "skip"),
             "output": ("numpy", "torch"),

@@ -154,13 +154,21 @@ def print_look(action: str, result: Any) -> None:
     elif action == "shuffle":
         _print_shuffle(result)
     else:
-        for name in ("sequential", "decoded"):
+        what = {
+            "device": "device    (the files, front to back)",
+            "reader": "reader    (shuffled, not decoded)",
+            "decoded": "decoded   (shuffled, decoded)",
+        }
+        for name, label in what.items():
             part = result[name]
             echo(
-                f"{name:10} {part['images_per_s']:>10,.0f} images/s  {part['mb_per_s']:>8,.1f} MB/s"
+                f"{label:38} {part['mb_per_s']:>8,.1f} MB/s {part['images_per_s']:>9,.0f} images/s"
                 f"  ({part['images']:,} images in {part['seconds']:.1f}s"
                 f"{'' if part['complete'] else ', cut short'})"
             )
+        if not result["cold"]:
+            echo("the page cache could not be dropped: these are figures of memory, not of the device")
+        echo(result["verdict"])
         fast = result["accelerators"]
         echo(f"JPEGs decoded by {fast['jpeg']}; CRC-32 by {fast['crc32']}")
 

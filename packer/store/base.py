@@ -15,7 +15,11 @@ import numpy as np
 from packer.manifest import Storage
 from packer.record import Block, Record
 
-__all__ = ["ShardMeta", "ShardWriter", "ShardReader"]
+__all__ = ["ShardMeta", "ShardWriter", "ShardReader", "Fetched", "merge_ranges"]
+
+# Ranges of a file closer than this are read as one: the bytes between (an LMDB leaf page,
+# an HDF5 chunk index node) cost less than another request would.
+_MERGE_GAP = 256 << 10
 
 
 @dataclass
@@ -65,6 +69,26 @@ class ShardWriter(Protocol):
         """Release the file without finishing it; the caller deletes it."""
 
 
+@dataclass
+class Fetched:
+    """Byte ranges of one shard file, read ahead in large sequential requests (see
+    packer.readahead): a shard reader takes a record's bytes from here rather than through
+    its own small reads. A record outside them is read the usual way."""
+
+    ranges: list[tuple[int, memoryview]]  # (file offset, the bytes there), in file order
+
+    def view(self, offset: int, length: int) -> memoryview | None:
+        """The file's bytes ``offset`` to ``offset + length``, if one range holds them."""
+        for start, data in self.ranges:  # a span has one range or a few: a scan will do
+            if start <= offset and offset + length <= start + len(data):
+                return data[offset - start : offset - start + length]
+        return None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(data) for _, data in self.ranges)
+
+
 class ShardReader(Protocol):
     """Reads one finished shard. Open it in the thread or process that reads (never across fork)."""
 
@@ -72,12 +96,30 @@ class ShardReader(Protocol):
 
     def __len__(self) -> int: ...
 
-    def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
+    def read_block(
+        self,
+        start: int,
+        stop: int,
+        out: np.ndarray | None = None,
+        fetched: Fetched | None = None,
+    ) -> Block:
         """Records ``start`` to ``stop`` (exclusive) in one sequential pass.
 
         ``out``: for raw pixels of one shape, an (n, h, w, c) uint8 array to read the
         payloads into (the block's ``data`` is then a view of it), saving a copy.
+        ``fetched``: the file bytes of ``extents(start, stop)``, already read; payloads
+        found there are taken from it (views of it, not copies).
         """
+
+    def extents(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """(file offset, length) of the byte ranges holding the payloads of records
+        ``start`` to ``stop``, in file order; [] where they cannot be told apart from the
+        file's other bytes (then nothing is read ahead)."""
+
+    def index_extents(self) -> list[tuple[int, int]]:
+        """(file offset, length) of the bytes read for any record of the shard (its small
+        columns and metadata, where they lie apart from the payloads): read ahead once,
+        when a shard is first read."""
 
     def read_record(self, index: int) -> Record: ...
 
@@ -85,3 +127,18 @@ class ShardReader(Protocol):
         """Every record's labels, (n, label columns) int64, without copying the payloads."""
 
     def close(self) -> None: ...
+
+
+def merge_ranges(pieces: list[tuple[int, int]], file_bytes: int) -> list[tuple[int, int]]:
+    """(offset, length) pieces as the fewest ranges that cover them inside the file's
+    ``file_bytes``, in file order, pieces less than _MERGE_GAP apart joined."""
+    ranges: list[list[int]] = []
+    for offset, length in sorted(pieces):
+        end = min(offset + length, file_bytes)
+        if offset < 0 or end <= offset:
+            continue  # nothing there to read ahead (the read proper reports any damage)
+        if ranges and offset <= ranges[-1][1] + _MERGE_GAP:
+            ranges[-1][1] = max(ranges[-1][1], end)
+        else:
+            ranges.append([offset, end])
+    return [(a, b - a) for a, b in ranges]

@@ -30,7 +30,7 @@ import numpy as np
 
 from packer.manifest import fsync_path
 from packer.record import Block, Record
-from packer.store.base import ShardMeta
+from packer.store.base import Fetched, ShardMeta, merge_ranges
 
 __all__ = ["Hdf5ShardWriter", "Hdf5ShardReader", "SPAN", "PATH_SPAN"]
 
@@ -233,6 +233,40 @@ class _Spans:
         return tuple(c[a:b] for c in kept[1])
 
 
+class _ChunkMap:
+    """Where the rows of an uncompressed, chunked dataset lie in the file (for /data a row
+    is a byte): rows ``lo`` to ``hi`` as (file offset, length) pieces, from HDF5's chunk
+    index, looked up once per chunk."""
+
+    def __init__(self, dataset: h5py.Dataset) -> None:
+        self._id = dataset.id
+        self._rows = dataset.chunks[0]  # rows per chunk; chunks span whole rows
+        self._row_bytes = int(np.prod(dataset.shape[1:], dtype=np.int64))
+        self._tail = (0,) * (len(dataset.shape) - 1)
+        self._offsets: dict[int, int | None] = {}
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int]] | None:
+        """None if a chunk of them was never written (only damage does that)."""
+        out = []
+        for chunk in range(lo // self._rows, -(-hi // self._rows)):
+            first = chunk * self._rows
+            if chunk not in self._offsets:
+                info = self._id.get_chunk_info_by_coord((first, *self._tail))
+                self._offsets[chunk] = info.byte_offset
+            offset = self._offsets[chunk]
+            if offset is None:
+                return None
+            a, b = max(lo, first), min(hi, first + self._rows)
+            out.append((offset + (a - first) * self._row_bytes, (b - a) * self._row_bytes))
+        return out
+
+    def bounds(self) -> tuple[int, int]:
+        """The first byte of the first chunk and the end of the last, in the file."""
+        ends = [self._id.get_chunk_info(i) for i in range(self._id.get_num_chunks())]
+        placed = [(c.byte_offset, c.byte_offset + c.size) for c in ends if c.byte_offset]
+        return (min(a for a, _ in placed), max(b for _, b in placed)) if placed else (0, 0)
+
+
 def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
     """Refuse (ValueError) columns of the wrong length, type or size, before any read."""
     n, payload = reader._len, reader._payload
@@ -315,7 +349,14 @@ class Hdf5ShardReader:
                 (self._labels, self._crc32, self._shapes, self._formats), SPAN
             )
             self._paths = _Spans((self._path_strings,), PATH_SPAN)  # UTF-8 bytes
-            _check_columns(self, path.stat().st_size)
+            self._file_bytes = path.stat().st_size
+            _check_columns(self, self._file_bytes)
+            # Compressed chunks are read and inflated by HDF5: they are read ahead whole.
+            self._chunk_map = (
+                _ChunkMap(self._payload)
+                if self._payload.chunks is not None and self._payload.compression is None
+                else None
+            )
         except (KeyError, ValueError, TypeError, OSError) as e:
             f.close()
             raise ValueError(f"{path}: damaged packer shard: {e}") from e
@@ -323,23 +364,89 @@ class Hdf5ShardReader:
     def __len__(self) -> int:
         return self._len
 
-    def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
+    def _payload_rows(self, start: int, stop: int) -> tuple[int, int, np.ndarray | None]:
+        """The payload dataset's rows holding records ``start`` to ``stop`` (for /data, its
+        bytes), and the records' offsets within /data (None for raw rows)."""
+        if self._raw:
+            return start, stop, None
+        assert self._offsets is not None
+        offsets = self._offsets[start : stop + 1].astype(np.int64)
+        if offsets[0] < 0 or offsets[-1] > len(self._payload) or np.any(np.diff(offsets) < 0):
+            raise ValueError(
+                f"{self.path}: the offsets of records {start}..{stop - 1} are damaged "
+                f"(they leave the {len(self._payload):,} payload bytes)"
+            )
+        return int(offsets[0]), int(offsets[-1]), offsets
+
+    def extents(self, start: int, stop: int) -> list[tuple[int, int]]:
+        if not 0 <= start <= stop <= self._len:
+            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        if start == stop:
+            return []
+        lo, hi, _ = self._payload_rows(start, stop)
+        if self._chunk_map is None:  # compressed: the whole chunks HDF5 will read
+            chunks = self._payload.chunks
+            if chunks is None:
+                return []
+            first, last = lo // chunks[0], -(-hi // chunks[0])
+            pieces = []
+            for chunk in range(first, last):
+                info = self._payload.id.get_chunk_info_by_coord(
+                    (chunk * chunks[0],) + (0,) * (len(chunks) - 1)
+                )
+                if info.byte_offset is not None:
+                    pieces.append((info.byte_offset, info.size))
+            return merge_ranges(pieces, self._file_bytes)
+        return merge_ranges(self._chunk_map.pieces(lo, hi) or [], self._file_bytes)
+
+    def index_extents(self) -> list[tuple[int, int]]:
+        # A pack writes the payload chunks first and everything else at close, so the
+        # columns, the paths' heap and HDF5's own metadata lie before and after them.
+        if self._chunk_map is None:
+            return []
+        first, end = self._chunk_map.bounds()
+        return merge_ranges([(0, first), (end, self._file_bytes - end)], self._file_bytes)
+
+    def _fetched_rows(self, lo: int, hi: int, fetched: Fetched) -> memoryview | None:
+        """Payload rows ``lo`` to ``hi`` as bytes, from ``fetched``; None if not all there."""
+        pieces = self._chunk_map.pieces(lo, hi) if self._chunk_map is not None else None
+        views = []
+        for offset, length in pieces or []:
+            view = fetched.view(offset, length)
+            if view is None:
+                return None
+            views.append(view)
+        if not views:
+            return None
+        return views[0] if len(views) == 1 else memoryview(b"".join(views))
+
+    def read_block(
+        self,
+        start: int,
+        stop: int,
+        out: np.ndarray | None = None,
+        fetched: Fetched | None = None,
+    ) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         data: list[bytes | memoryview] | np.ndarray
+        lo, hi, offsets = self._payload_rows(start, stop)
+        ahead = self._fetched_rows(lo, hi, fetched) if fetched is not None and hi > lo else None
         if self._raw:  # straight into the caller's buffer, if any: no extra copy
-            data = _read_rows(self._payload, start, stop, out)
+            if ahead is None:
+                data = _read_rows(self._payload, start, stop, out)
+            else:
+                rows = np.frombuffer(ahead, np.uint8).reshape(stop - start, *self._payload.shape[1:])
+                data = np.empty_like(rows) if out is None else out[: stop - start]
+                data[...] = rows  # a row shape other than the store's raises, as HDF5's read
         else:
-            assert self._offsets is not None
-            offsets = self._offsets[start : stop + 1].astype(np.int64)
-            if offsets[0] < 0 or offsets[-1] > len(self._payload) or np.any(np.diff(offsets) < 0):
-                raise ValueError(
-                    f"{self.path}: the offsets of records {start}..{stop - 1} are damaged "
-                    f"(they leave the {len(self._payload):,} payload bytes)"
-                )
-            payload = memoryview(self._payload[offsets[0] : offsets[-1]])
+            assert offsets is not None
             bounds = (offsets - offsets[0]).tolist()
-            data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            if ahead is None:
+                payload = memoryview(self._payload[lo:hi])
+                data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            else:  # bytes of their own: views would keep the fetched range alive
+                data = [bytes(ahead[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         labels, crc32, shapes, codes = self._small_columns.read(start, stop)
         (paths,) = self._paths.read(start, stop)
         unknown = (codes < 0) | (codes >= len(self._format_names))

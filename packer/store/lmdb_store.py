@@ -19,6 +19,7 @@ import contextlib
 import os
 import threading
 from collections import OrderedDict
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import numpy as np
 
 from packer.record import Block, Record, pack_value, unpack_value
 from packer.store import mapped_pages
-from packer.store.base import ShardMeta
+from packer.store.base import Fetched, ShardMeta, merge_ranges
 
 __all__ = [
     "LmdbShardWriter",
@@ -41,6 +42,14 @@ __all__ = [
 ]
 
 META_KEY = b"__packer__"
+# The shard's metadata field holding where each record's value lies in the file: (offset,
+# length) pairs, uint64 little-endian. A reader reading ahead reads a chunk's bytes and takes
+# its values from them without walking LMDB's pages (which touches each value's first page:
+# one small request per record, the very thing reading ahead avoids). Values never move once
+# written (LMDB copies only the pages it changes), so the places stay true. Shards without
+# it, or with values small enough to live in the tree's own pages (which move when a later
+# write copies them), are not read ahead.
+PLACES = "value_places"
 # Write transactions of ~1 MB. A commit costs about the same at any size (~0.2 ms here),
 # but a large one holds its values and LMDB's dirty pages until it ends, and glibc hands
 # that much freed memory back to the OS, so the next batch page-faults all of it afresh:
@@ -98,6 +107,7 @@ class LmdbShardWriter:
         self._pending: list[tuple[bytes, bytes | memoryview]] = []
         self._pending_bytes = 0
         self._count = 0
+        self._smallest = 1 << 62  # bytes of the smallest record value
         self.map_growths = 0
         shape = meta.raw_shape
         self._row_bytes = int(np.prod(shape)) if shape is not None else None  # "columns" layout
@@ -116,6 +126,7 @@ class LmdbShardWriter:
             value = bytes(record.data)
             self._group.append((tuple(record.labels), record.crc32, record.path))
         self._put(record_key(self._count), value)
+        self._smallest = min(self._smallest, len(value))
         self._count += 1
         if len(self._group) == GROUP:
             self._end_group()
@@ -173,6 +184,13 @@ class LmdbShardWriter:
             **layout,
             **self.meta.extra,
         }
+        # A value over half a page has pages of its own, which never move (LMDB puts a node
+        # of over (page - 16) / 2 bytes, key and header included, on overflow pages).
+        if self._count and self._smallest > self._env.stat()["psize"] // 2:
+            self._commit()  # the values' places are known once they are committed
+            places = _value_places(self._env, self._count)
+            if places is not None:
+                meta[PLACES] = places.astype("<u8").tobytes()
         self._pending.append((META_KEY, msgpack.packb(meta)))
         self._commit()
         if sync:
@@ -308,16 +326,35 @@ class LmdbShardReader:
             raise ValueError(
                 f"{path}: not a packer shard (damaged {META_KEY.decode()}: {e or type(e).__name__})"
             ) from e
+        self._file_bytes = os.path.getsize(path)
+        self._places = _places(self.meta, self._len, self._file_bytes)
         # Column groups decoded lately: a point read (store[i]) decodes a whole group.
         self._cached_groups: OrderedDict[int, Block] = OrderedDict()
 
     def __len__(self) -> int:
         return self._len
 
-    def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
+    def extents(self, start: int, stop: int) -> list[tuple[int, int]]:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
-        if self._shape is not None:
+        if self._places is None or start == stop:
+            return []  # finding the values would touch each one's first page
+        pieces = [(int(o), int(n)) for o, n in self._places[start:stop]]
+        return merge_ranges(pieces, self._file_bytes)
+
+    def index_extents(self) -> list[tuple[int, int]]:
+        return []  # a record's labels and path are in its value, read with its payload
+
+    def read_block(
+        self,
+        start: int,
+        stop: int,
+        out: np.ndarray | None = None,
+        fetched: Fetched | None = None,
+    ) -> Block:
+        if not 0 <= start <= stop <= self._len:
+            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        if self._shape is not None:  # values copied as they are: read ahead into the cache
             return self._read_columns(start, stop, out)
         records = []
         # Raw pixels are copied into ``out`` through a flat byte view: a plain buffer copy
@@ -327,6 +364,11 @@ class LmdbShardReader:
         flat = out.reshape(-1).data if out is not None else None
         row_bytes = out[0].nbytes if out is not None and len(out) else 0
         shape = list(out.shape[1:]) if out is not None else []
+        keep = partial(self._kept, start=start, flat=flat, row_bytes=row_bytes, shape=shape)
+        fetched_values = self._fetched_values(start, stop, fetched)
+        if fetched_values is not None:  # no page of the map is touched
+            records = [keep(row, value) for row, value in enumerate(fetched_values)]
+            return _to_block(records, self.meta.get("num_label_columns", 0), out, stop - start)
         nbytes = 0
         # buffers=True: values are views of the map, valid inside this transaction; a
         # payload is copied out once, into ``out`` or into its own bytes.
@@ -340,24 +382,51 @@ class LmdbShardReader:
                     raise ValueError(
                         f"{self.path}: record {expected} is missing (found {bytes(key)!r})"
                     )
-                record = unpack_value(value)
-                if flat is not None:
-                    if len(record.data) != row_bytes:
-                        raise ValueError(
-                            f"{self.path}: record {expected} has {len(record.data):,} payload "
-                            f"bytes, the store's shape {shape} needs {row_bytes:,}"
-                        )
-                    flat[row * row_bytes : (row + 1) * row_bytes] = record.data
-                else:
-                    record.data = bytes(record.data)
-                records.append(record)
+                records.append(keep(row, value))
                 nbytes += len(value)
                 cursor.next()
         _ENVIRONMENTS.count_read(nbytes)
-        block = _to_block(records, self.meta.get("num_label_columns", 0))
-        if out is not None:
-            block.data = out[: stop - start]
-        return block
+        return _to_block(records, self.meta.get("num_label_columns", 0), out, stop - start)
+
+    def _kept(
+        self,
+        row: int,
+        value: memoryview,
+        *,
+        start: int,
+        flat: memoryview | None,
+        row_bytes: int,
+        shape: list[int],
+    ) -> Record:
+        """Record ``start + row`` from its value: raw pixels copied into row ``row`` of
+        ``flat``, any other payload into bytes of its own (a view would keep the map's
+        page, or the whole fetched range, alive as long as the record is)."""
+        record = unpack_value(value)
+        if flat is None:
+            record.data = bytes(record.data)
+            return record
+        if len(record.data) != row_bytes:
+            raise ValueError(
+                f"{self.path}: record {start + row} has {len(record.data):,} payload "
+                f"bytes, the store's shape {shape} needs {row_bytes:,}"
+            )
+        flat[row * row_bytes : (row + 1) * row_bytes] = record.data
+        return record
+
+    def _fetched_values(
+        self, start: int, stop: int, fetched: Fetched | None
+    ) -> list[memoryview] | None:
+        """The values of records start..stop-1, from ``fetched`` by the shard's value
+        places; None unless all are there."""
+        if fetched is None or self._places is None:
+            return None
+        values = []
+        for offset, length in self._places[start:stop].tolist():
+            view = fetched.view(offset, length)
+            if view is None:
+                return None
+            values.append(view)
+        return values
 
     def _read_columns(self, start: int, stop: int, out: np.ndarray | None) -> Block:
         """Records of the "columns" layout: each value copied into ``out`` as it is, the
@@ -502,6 +571,41 @@ class LmdbShardReader:
             self.close()
 
 
+def _value_places(env: lmdb.Environment, count: int) -> np.ndarray | None:
+    """(file offset, length) of records 0..count-1's values in ``env``'s file, found through
+    its map (pages just written: in the page cache); None where the map cannot be located."""
+    with env.begin(buffers=True) as txn:
+        first = txn.get(record_key(0)) if count else None
+        if first is None:
+            return None
+        span = mapped_pages.map_span(first, _used_bytes(env))
+        if span is None:
+            return None
+        cursor = txn.cursor()
+        cursor.set_key(record_key(0))
+        places = np.array(
+            [(_address(v) - span[0], len(v)) for v in islice(cursor.iternext(keys=False), count)],
+            np.int64,
+        )
+    return places.reshape(-1, 2)
+
+
+def _places(meta: dict[str, Any], count: int, file_bytes: int) -> np.ndarray | None:
+    """The shard's value places, (count, 2) int64, if it has them and they lie in the file."""
+    raw = meta.get(PLACES)
+    if type(raw) is not bytes or len(raw) != 16 * count:
+        return None
+    places = np.frombuffer(raw, "<u8").reshape(count, 2).astype(np.int64)
+    if count and int((places[:, 0] + places[:, 1]).max()) > file_bytes:
+        return None  # damaged: read the usual way, which names what is wrong
+    return places
+
+
+def _address(view: memoryview) -> int:
+    """The memory address of a buffer's first byte."""
+    return int(np.frombuffer(view, np.uint8).ctypes.data)
+
+
 def _columns_shape(meta: dict[str, Any]) -> tuple[int, int, int] | None:
     """The record shape of a "columns" shard, None for "records"; ValueError if damaged."""
     layout = meta.get("layout", "records")  # format 1 shards have no layout key
@@ -522,7 +626,14 @@ def _columns_shape(meta: dict[str, Any]) -> tuple[int, int, int] | None:
     return (shape[0], shape[1], shape[2])
 
 
-def _to_block(records: list[Record], num_label_columns: int) -> Block:
+def _to_block(
+    records: list[Record], num_label_columns: int, out: np.ndarray | None = None, n: int = 0
+) -> Block:
+    """``records`` as a Block; its data the first ``n`` rows of ``out`` where given."""
+    if out is not None:
+        block = _to_block(records, num_label_columns)
+        block.data = out[:n]
+        return block
     n = len(records)
     labels = np.array([r.labels for r in records], dtype=np.int64).reshape(n, num_label_columns)
     return Block(

@@ -20,6 +20,7 @@ import numpy as np
 import tables
 
 from packer.record import Block, Record
+from packer.store.base import Fetched
 
 __all__ = ["find_arrays", "describe_file", "PyTablesShardReader"]
 
@@ -194,7 +195,19 @@ class PyTablesShardReader:
         with _as_os_error(self.path):
             return np.asarray(self._labels.read(), dtype=np.int64).reshape(self._len, -1)
 
-    def read_block(self, start: int, stop: int, out: np.ndarray | None = None) -> Block:
+    def extents(self, start: int, stop: int) -> list[tuple[int, int]]:
+        return []  # a file made by others: PyTables reads it its own way
+
+    def index_extents(self) -> list[tuple[int, int]]:
+        return []
+
+    def read_block(
+        self,
+        start: int,
+        stop: int,
+        out: np.ndarray | None = None,
+        fetched: Fetched | None = None,
+    ) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         n = stop - start

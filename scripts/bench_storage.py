@@ -1,0 +1,419 @@
+#!/usr/bin/env python3
+"""Benchmark: a store larger than memory on slow storage, read and packed as a user would.
+
+Needs root, loop devices and cgroups, through the slow-storage tool (``--tool``, by default
+``../shared/tools/slow-storage`` beside the project): it makes an ext4 file system on a loop
+device, then runs each case in a fresh process with that device throttled to a storage
+profile and the process's memory, page cache included, capped, so that no epoch is served
+from memory. Where it cannot (not root, no tool, no loop device) it says why and exits 0.
+
+On that file system: --photos photo-like JPEGs (about 110 KB each, 1.1 GB by default), an
+LMDB and an HDF5 store packed from them, and a second, smaller folder for the packing case.
+Then, for each profile (hdd, nas, cloud), memory capped at half the store:
+
+  limit       the shard files read front to back in 1 MB reads (as `cat` reads them)
+  raw         packer's reader, default options, decode=False, three epochs: every epoch's
+              time against the limit's (goal: >= 0.9 each epoch, both backends)
+  decoded     the same, decoding (goal: >= 0.9 x min(limit, decode limit)); the decode
+              limit: the reader's decode pool over the same store, warm and unthrottled
+  DataLoader  a torch DataLoader over the folder (workers = cores, Pillow decode, shuffled)
+              and the plain one-by-one Pillow loop, each for --baseline-seconds (a rate)
+  pack        (hdd only) packing the small folder against reading its files once in path
+              order (goal: >= 0.9)
+
+Every figure comes from one run, side by side; the table goes to docs/benchmarks/storage.md
+(or --out) with the machine, the command and the date.
+
+    sudo python scripts/bench_storage.py                 # ~25 minutes, 3 GB of disk
+    sudo python scripts/bench_storage.py --quick         # a smaller set, one profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT.parent / "shared" / "tools" / "slow-storage"
+MOUNT = Path("/mnt/packer-bench")
+BATCH, SEED, EPOCHS = 256, 0, 3
+PROFILES = ("hdd", "nas", "cloud")
+RAW_GOAL = DECODED_GOAL = PACK_GOAL = 0.9
+LOADER_GOAL = 15.0
+
+
+# -- the data -----------------------------------------------------------------------------
+
+
+def photo(index: int) -> bytes:
+    """A photo-like JPEG: smooth colour fields and sensor-like noise, 300-480 x 400-640 px,
+    quality 90 (about 110 KB, as ImageNet's photos are)."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng([SEED, index])
+    h, w = int(rng.integers(300, 480)), int(rng.integers(400, 640))
+    coarse = rng.integers(0, 256, (6, 8, 3), np.uint8)
+    base = Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC)
+    pixels = np.asarray(base, np.int16) + rng.normal(0, 14, (h, w, 3)).astype(np.int16)
+    out = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def _write_photos(args: tuple[Path, range]) -> int:
+    folder, indices = args
+    total = 0
+    for i in indices:
+        target = folder / f"class{i % 10}" / f"{i:07d}.jpg"
+        if target.is_file():  # made by an earlier, interrupted run
+            continue
+        data = photo(i)
+        target.write_bytes(data)
+        total += len(data)
+    return total
+
+
+def make_folder(folder: Path, count: int) -> None:
+    for c in range(10):
+        (folder / f"class{c}").mkdir(parents=True, exist_ok=True)
+    step = 200
+    parts = [(folder, range(a, min(a + step, count))) for a in range(0, count, step)]
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        total = sum(pool.map(_write_photos, parts))
+    print(f"  {count:,} photos in {folder} ({total / 1e9:.2f} GB written now)", file=sys.stderr)
+
+
+def prepare(mount: Path, photos: int, pack_photos: int) -> dict[str, Path]:
+    from packer import PackOptions, pack
+
+    paths = {
+        "folder": mount / "photos",
+        "small": mount / "to-pack",
+        "lmdb": mount / "photos.lmdb",
+        "hdf5": mount / "photos.h5",
+    }
+    stamp = mount / "prepared.json"
+    wanted = {"photos": photos, "pack_photos": pack_photos}
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return paths
+    for p in (paths["lmdb"], paths["hdf5"]):
+        shutil.rmtree(p, ignore_errors=True)
+    print("preparing the data (once) ...", file=sys.stderr)
+    make_folder(paths["folder"], photos)
+    make_folder(paths["small"], pack_photos)
+    for backend in ("lmdb", "hdf5"):
+        pack(paths["folder"], paths[backend], PackOptions(backend=backend, seed=SEED))
+    subprocess.run(["sync"], check=True)
+    stamp.write_text(json.dumps(wanted))
+    return paths
+
+
+# -- the cases, each run in a fresh, throttled process ------------------------------------
+
+
+def case_limit(store: Path) -> dict[str, Any]:
+    from packer.look import read_files
+    from packer.manifest import read_manifest
+
+    files = [store / s.file for s in read_manifest(store).shards]
+    return read_files(files)
+
+
+def case_reader(store: Path, decode: bool, epochs: int) -> dict[str, Any]:
+    from packer import open_reader
+
+    times = []
+    with open_reader(store, batch_size=BATCH, seed=SEED, decode=decode) as reader:
+        for epoch in range(epochs):
+            started = time.perf_counter()
+            images = sum(len(labels) for _, labels in reader.epoch(epoch))
+            times.append(time.perf_counter() - started)
+    return {"images": images, "epoch_seconds": times}
+
+
+def _files(folder: Path) -> list[Path]:
+    files = sorted(folder.rglob("*.jpg"))
+    random.Random(SEED).shuffle(files)
+    return files
+
+
+def case_loop(folder: Path, seconds: float) -> dict[str, Any]:
+    """The plain loop: each file opened and decoded by Pillow, one by one, shuffled."""
+    from PIL import Image
+
+    started, images = time.perf_counter(), 0
+    for file in _files(folder):
+        with Image.open(file) as im:
+            np.asarray(im.convert("RGB"))
+        images += 1
+        if time.perf_counter() - started >= seconds:
+            break
+    return {"images": images, "seconds": time.perf_counter() - started}
+
+
+def case_dataloader(folder: Path, seconds: float) -> dict[str, Any]:
+    import torch
+    from PIL import Image
+    from torch.utils.data import DataLoader, Dataset
+
+    files = _files(folder)
+
+    class Photos(Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return len(files)
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            with Image.open(files[i]) as im:
+                return torch.from_numpy(np.array(im.convert("RGB")))
+
+    loader = DataLoader(
+        Photos(), batch_size=1, num_workers=os.cpu_count() or 1, collate_fn=lambda b: b
+    )
+    started, images = time.perf_counter(), 0
+    for batch in loader:
+        images += len(batch)
+        if time.perf_counter() - started >= seconds:
+            break
+    return {"images": images, "seconds": time.perf_counter() - started}
+
+
+def case_path_order(folder: Path) -> dict[str, Any]:
+    """Every file of the folder read once, whole, in path order: what packing must read."""
+    started, nbytes = time.perf_counter(), 0
+    for file in sorted(folder.rglob("*")):
+        if file.is_file():
+            nbytes += len(file.read_bytes())
+    return {"bytes": nbytes, "seconds": time.perf_counter() - started}
+
+
+def case_pack(folder: Path, out: Path) -> dict[str, Any]:
+    from packer import PackOptions, pack
+
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    pack(folder, out, PackOptions(seed=SEED))
+    seconds = time.perf_counter() - started
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": seconds}
+
+
+def case_decode_limit(store: Path) -> dict[str, Any]:
+    """The reader's decoding alone: a second epoch, warm and unthrottled, the first having
+    brought the store into memory (not capped)."""
+    result = case_reader(store, True, 2)
+    return {"images_per_s": result["images"] / result["epoch_seconds"][1]}
+
+
+CASES = {
+    "limit": lambda a: case_limit(Path(a.store)),
+    "raw": lambda a: case_reader(Path(a.store), False, a.epochs),
+    "decoded": lambda a: case_reader(Path(a.store), True, a.epochs),
+    "loop": lambda a: case_loop(Path(a.store), a.seconds),
+    "dataloader": lambda a: case_dataloader(Path(a.store), a.seconds),
+    "path-order": lambda a: case_path_order(Path(a.store)),
+    "pack": lambda a: case_pack(Path(a.store), Path(a.out)),
+    "decode-limit": lambda a: case_decode_limit(Path(a.store)),
+}
+
+
+def run_case(
+    tool: Path, profile: str | None, memory: str, case: str, store: Path, **extra: Any
+) -> dict[str, Any]:
+    """``case`` in a fresh process, throttled to ``profile`` (None: not throttled)."""
+    command = [sys.executable, __file__, "--case", case, "--store", str(store)]
+    for key, value in extra.items():
+        command += [f"--{key}", str(value)]
+    if profile is not None:
+        command = [str(tool), "run", profile, memory, "--", *command]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{case} on {profile}: exit {done.returncode}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def cannot_run(tool: Path) -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "needs Linux (loop devices and cgroups)"
+    if os.geteuid() != 0:
+        return "needs root (it mounts a loop device and sets cgroup limits)"
+    if not tool.is_file():
+        return f"the slow-storage tool is not at {tool} (--tool PATH)"
+    if not Path("/dev/loop-control").exists():
+        return "no loop devices here (/dev/loop-control is missing)"
+    return None
+
+
+def measure(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
+    tool = Path(args.tool)
+    store_bytes = sum(f.stat().st_size for f in paths["lmdb"].iterdir())
+    memory = f"{store_bytes // 2 // (1 << 20)}M"
+    report: dict[str, Any] = {"store_bytes": store_bytes, "memory": memory, "profiles": {}}
+    decode_limit = run_case(tool, None, "0", "decode-limit", paths["lmdb"])["images_per_s"]
+    report["decode_limit"] = decode_limit
+    for profile in args.profiles:
+        print(f"{profile}, memory capped at {memory} ...", file=sys.stderr)
+        rows: dict[str, Any] = {}
+        for backend in ("lmdb", "hdf5"):
+            store = paths[backend]
+            limit = run_case(tool, profile, memory, "limit", store)
+            raw = run_case(tool, profile, memory, "raw", store, epochs=args.epochs)
+            decoded = run_case(tool, profile, memory, "decoded", store, epochs=args.epochs)
+            rows[backend] = {"limit": limit, "raw": raw, "decoded": decoded}
+        for case in ("loop", "dataloader"):
+            rows[case] = run_case(
+                tool, profile, memory, case, paths["folder"], seconds=args.baseline_seconds
+            )
+        if profile == "hdd":
+            rows["path-order"] = run_case(tool, profile, memory, "path-order", paths["small"])
+            rows["pack"] = run_case(
+                tool, profile, memory, "pack", paths["small"], out=paths["small"].with_suffix(".lmdb")
+            )
+        report["profiles"][profile] = rows
+    return report
+
+
+def render(report: dict[str, Any], command: str) -> str:
+    lines = [
+        "# Benchmark: data larger than memory, on slow storage",
+        "",
+        f"Machine: {platform.node() or 'unnamed'}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"Linux {platform.release()}, Python {platform.python_version()}. "
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"{report['photos']:,} photo-like JPEGs (about 110 KB each), packed with default "
+        f"options into a {report['store_bytes'] / 1e9:.2f} GB store, on an ext4 file system on "
+        "a loop device throttled to each profile (requests per second and MB/s, by cgroup); "
+        f"each case in a fresh process whose memory, page cache included, is capped at "
+        f"{report['memory']}B, half the store, so every epoch reads from the device. Reader: "
+        f"batch {BATCH}, default options. Ratios are times against the limit measured in the "
+        "same run; higher is better.",
+        "",
+        "| profile | store | limit: files read in order | raw epochs (decode=False), x limit "
+        "| decoded epochs, images/s | decoded, x min(limit, decode) |",
+        "|---|---|---|---|---|---|",
+    ]
+    decode_limit = report["decode_limit"]
+    for profile, rows in report["profiles"].items():
+        for backend in ("lmdb", "hdf5"):
+            row = rows[backend]
+            limit = row["limit"]
+            images = row["raw"]["images"]
+            raw = [limit["seconds"] / t for t in row["raw"]["epoch_seconds"]]
+            rates = [images / t for t in row["decoded"]["epoch_seconds"]]
+            ceiling = min(images / limit["seconds"], decode_limit)
+            lines.append(
+                f"| {profile} | {backend.upper()} | {limit['mb_per_s']:.0f} MB/s, "
+                f"{images / limit['seconds']:,.0f} images/s | "
+                + ", ".join(f"{r:.2f}" for r in raw)
+                + " | "
+                + ", ".join(f"{r:,.0f}" for r in rates)
+                + " | "
+                + ", ".join(f"{r / ceiling:.2f}" for r in rates)
+                + " |"
+            )
+    lines += [
+        "",
+        f"Decode limit (the reader's decode pool on {os.cpu_count()} cores, warm, unthrottled): "
+        f"{decode_limit:,.0f} images/s.",
+        "",
+        "| profile | one-by-one Pillow loop | DataLoader over the folder "
+        f"({os.cpu_count()} workers) | packer decoded (LMDB, mean of epochs) | packer / DataLoader |",
+        "|---|---|---|---|---|",
+    ]
+    for profile, rows in report["profiles"].items():
+        loop = rows["loop"]["images"] / rows["loop"]["seconds"]
+        loader = rows["dataloader"]["images"] / rows["dataloader"]["seconds"]
+        decoded = rows["lmdb"]["decoded"]
+        ours = decoded["images"] * len(decoded["epoch_seconds"]) / sum(decoded["epoch_seconds"])
+        lines.append(
+            f"| {profile} | {loop:,.0f} images/s | {loader:,.0f} images/s | {ours:,.0f} images/s "
+            f"| {ours / loader:.1f}x |"
+        )
+    hdd = report["profiles"].get("hdd", {})
+    if "pack" in hdd:
+        read, packed = hdd["path-order"], hdd["pack"]
+        lines += [
+            "",
+            f"Packing on hdd: a folder of {report['pack_photos']:,} photos "
+            f"({read['bytes'] / 1e6:,.0f} MB) packed in {packed['seconds']:.1f} s; reading its "
+            f"files once in path order takes {read['seconds']:.1f} s: "
+            f"{read['seconds'] / packed['seconds']:.2f}x (goal >= {PACK_GOAL}).",
+        ]
+    lines += [
+        "",
+        f"Goals: raw epochs >= {RAW_GOAL}x the limit, every epoch, both backends; decoded >= "
+        f"{DECODED_GOAL}x min(limit, decode limit); >= {LOADER_GOAL:.0f}x the DataLoader on hdd.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tool", default=str(TOOL), help="the slow-storage tool")
+    parser.add_argument("--mount", default=str(MOUNT), help="where to mount the file system")
+    parser.add_argument("--size", default="4G", help="the file system's size")
+    parser.add_argument("--photos", type=int, default=12_500)
+    parser.add_argument("--pack-photos", type=int, default=1_500)
+    parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=PROFILES)
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
+    parser.add_argument("--baseline-seconds", type=float, default=30.0)
+    parser.add_argument("--quick", action="store_true", help="3,000 photos, hdd only")
+    parser.add_argument("--keep", action="store_true", help="leave the file system mounted")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "storage.md"))
+    parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    # One case, in a throttled child process (used by the run itself).
+    parser.add_argument("--case", choices=sorted(CASES), help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=30.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.case:
+        print(json.dumps(CASES[args.case](args)))
+        return 0
+    if args.quick:
+        args.photos, args.pack_photos, args.profiles = 3_000, 500, ["hdd"]
+        args.baseline_seconds = 15.0
+    reason = cannot_run(Path(args.tool))
+    if reason:
+        print(f"bench_storage: skipped: {reason}")
+        return 0
+    mount = Path(args.mount)
+    mounted = mount.is_mount()
+    if not mounted:
+        subprocess.run([args.tool, "up", str(mount), args.size], check=True)
+    try:
+        paths = prepare(mount, args.photos, args.pack_photos)
+        report = measure(args, paths)
+    finally:
+        if not args.keep and not mounted:
+            subprocess.run([args.tool, "down", str(mount)], check=False)
+    report.update(photos=args.photos, pack_photos=args.pack_photos)
+    command = "python scripts/bench_storage.py " + shlex.join(argv or sys.argv[1:])
+    text = render(report, command.strip())
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(json.dumps(report, indent=1) if args.json else text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
