@@ -11,8 +11,11 @@ TORCH ?= torch==2.13.0
 
 install: $(STAMP)
 
+# `packer` was this project's distribution name before packer-image-shards: a .venv made then
+# would hold both, the old one's metadata still claiming the package, so it goes first.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip uninstall --quiet --yes packer 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	rm -f $(VENV)/.installed-* && touch $@
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from PIL import Image
 
+from packer.about import install_hint
 from packer.errors import PackerError, StoreError, UsageError
 from packer.ledger import Ledger, ShardResult
 from packer.prepare import prepare_file
@@ -116,7 +117,7 @@ def connect(address: str) -> Iterator[Any]:
         from distributed import Client, LocalCluster
     except ImportError:
         raise UsageError(
-            "--dask needs Dask's distributed scheduler: pip install 'packer[dask]'"
+            f"--dask needs Dask's distributed scheduler: {install_hint('dask')}"
         ) from None
     if address.startswith("local:"):
         try:

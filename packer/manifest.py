@@ -20,6 +20,7 @@ from typing import Any
 
 import xxhash
 
+from packer.about import install_hint
 from packer.errors import IncompleteStoreError, ManifestError
 
 __all__ = [
@@ -423,7 +424,7 @@ def _from_json(path: Path, data: Any) -> Manifest:
     need(
         version <= FORMAT_VERSION,
         f"format_version {version} is newer than this packer understands "
-        f"({FORMAT_VERSION}); upgrade packer",
+        f"({FORMAT_VERSION}); upgrade packer: {install_hint(upgrade=True)}",
     )
     need(version >= 1, f"format_version {version} is unknown (packer writes {FORMAT_VERSION})")
     need(data.get("backend") in ("lmdb", "hdf5"), f"unknown backend {data.get('backend')!r}")
