@@ -40,10 +40,11 @@ def write_on_cluster(
 ) -> Iterator[tuple[int, ShardResult]]:
     """Run one task per job on the cluster ``context.options.dask`` names; yield each
     finished shard, checked and recorded in the ledger, as it comes back."""
-    from distributed import as_completed
-
     assert context.options.dask is not None
     with connect(context.options.dask) as client:
+        # Imported after connect, which says what to install where Dask is missing.
+        from distributed import as_completed
+
         futures = {
             client.submit(
                 _shard_task,

@@ -58,6 +58,18 @@ def test_output_torch_without_torch_names_the_extra(image_dir: Path, tmp_path: P
     assert install_hint("torch") == "pip install 'packer-image-shards[torch]'"
 
 
+def test_dask_without_dask_is_one_line_naming_the_extra(image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.lmdb"
+    argv = ["packer", "pack", str(image_dir), str(out), "--dask", "local:1", "-q"]
+    done = _without("distributed", f"from packer.cli import main\nsys.argv = {argv!r}\nmain()")
+    assert done.returncode == 1
+    assert done.stderr == (
+        "Error: --dask needs Dask's distributed scheduler: "
+        "pip install 'packer-image-shards[dask]'\n"
+    )
+    assert not out.exists() and list(tmp_path.iterdir()) == [image_dir]
+
+
 def test_every_install_instruction_names_this_distribution() -> None:
     """`packer` on the package index is another project: no message or document may tell a
     user to install it."""
