@@ -1,19 +1,32 @@
-"""packer as users install it: the distribution's name, and the install hints for
-extras a user lacks.
+"""packer as users install and run it: the distribution's name and its one version, `packer
+--version`, `python -m packer`, and the install hints for extras a user lacks.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import h5py
+import lmdb
+import numpy
+import PIL
+from PIL import features
+
+import packer
 from packer import PackOptions, pack
 from packer.about import DISTRIBUTION, install_hint
+from packer.cli import cli
+from packer.manifest import FORMAT_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
+# The console script pip installed beside this Python, as a user's shell finds it in a venv.
+PACKER = Path(sys.executable).parent / "packer"
 
 
 def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -24,6 +37,53 @@ def test_the_distribution_name_is_written_in_one_place() -> None:
     assert DISTRIBUTION in importlib.metadata.packages_distributions()["packer"]
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.findall(r'^name = "(.*)"$', pyproject, re.M) == [DISTRIBUTION]
+
+
+def test_packer_version_says_which_packer_and_what_it_runs_on() -> None:
+    done = run(PACKER, "--version")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # HashiCorp's prints `1.11.2` or `Packer v1.11.2`: ours names itself on the first line.
+    assert lines[0] == f"packer (images -> LMDB/HDF5 shards) {DISTRIBUTION} {packer.__version__}"
+    jpeg = (
+        f"libjpeg-turbo {features.version('libjpeg_turbo')}"
+        if features.check_feature("libjpeg_turbo")
+        else f"libjpeg {features.version('jpg')}"
+    )
+    expected = [
+        f"lmdb {lmdb.__version__} (liblmdb {'.'.join(map(str, lmdb.version()))})",
+        f"h5py {h5py.__version__} (libhdf5 {h5py.version.hdf5_version})",
+        f"pillow {PIL.__version__} ({jpeg})",
+        f"numpy {numpy.__version__}",
+        f"store format {FORMAT_VERSION} written; 1 to {FORMAT_VERSION} read",
+    ]
+    if importlib.util.find_spec("simplejpeg"):
+        expected.append(f"simplejpeg {importlib.metadata.version('simplejpeg')}")
+    if importlib.util.find_spec("torch"):
+        expected.append(f"torch {importlib.metadata.version('torch')}")
+    else:
+        assert not any(line.startswith("torch") for line in lines)
+    for line in expected:
+        assert line in lines, f"{line!r} not in {lines}"
+
+    as_json = json.loads(run(PACKER, "version", "--json").stdout)
+    assert as_json["distribution"] == DISTRIBUTION and as_json["packer"] == packer.__version__
+    assert as_json["libhdf5"] == h5py.version.hdf5_version
+    assert as_json["store_format_writes"] == FORMAT_VERSION
+    assert as_json["store_formats_read"] == list(range(1, FORMAT_VERSION + 1))
+    assert run(PACKER, "version").stdout == done.stdout
+
+
+def test_python_dash_m_packer_is_the_packer_command() -> None:
+    done = run(sys.executable, "-m", "packer", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: packer ")
+    for command in cli.commands:
+        assert f"\n  {command} " in done.stdout, command
+    assert DISTRIBUTION in done.stdout and "HashiCorp" in done.stdout
+    assert (
+        run(sys.executable, "-m", "packer", "--version").stdout == run(PACKER, "--version").stdout
+    )
 
 
 # A finder ahead of the others that finds no ``module``: importing it fails as where it is not
