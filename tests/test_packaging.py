@@ -33,10 +33,14 @@ def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=120)
 
 
-def test_the_distribution_name_is_written_in_one_place() -> None:
+def test_one_version_and_the_distribution_name_in_one_place_each() -> None:
+    # The installed metadata's version is what the build read from packer.__version__.
+    assert importlib.metadata.version(DISTRIBUTION) == packer.__version__
     assert DISTRIBUTION in importlib.metadata.packages_distributions()["packer"]
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.findall(r'^name = "(.*)"$', pyproject, re.M) == [DISTRIBUTION]
+    assert 'version = { attr = "packer.__version__" }' in pyproject  # read, not written again
+    assert not re.search(r'^version = "', pyproject, re.M)
 
 
 def test_packer_version_says_which_packer_and_what_it_runs_on() -> None:
