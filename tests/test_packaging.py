@@ -1,5 +1,6 @@
 """packer as users install and run it: the distribution's name and its one version, `packer
---version`, `python -m packer`, and the install hints for extras a user lacks.
+--version`, `python -m packer`, and the install hints for extras a user lacks. The wheel and
+sdist themselves are checked by `make dist` and tried installed by `make smoke` (CI runs both).
 """
 
 from __future__ import annotations
