@@ -23,7 +23,7 @@ PACKAGE = sorted(
     for p in (ROOT / "packer").rglob("*")
     if p.suffix in (".py", ".typed") and "__pycache__" not in p.parts
 )
-SDIST_EXTRA = ["LICENSE", "README.md", "pyproject.toml"]
+SDIST_EXTRA = ["CHANGELOG.md", "LICENSE", "README.md", "pyproject.toml", "docs/install.md"]
 SDIST_EXTRA += ["tests/conftest.py", "scripts/smoke_installed.py"]
 METADATA = {
     "Name": DISTRIBUTION,

@@ -147,3 +147,10 @@ def test_every_install_instruction_names_this_distribution() -> None:
             if any(re.fullmatch(r"packer(\[.*\])?", name) for name in names):
                 wrong.append(f"{path.relative_to(ROOT)}: {command}")
     assert not wrong
+
+
+def test_the_changelog_names_this_version_and_format() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert changelog.startswith("# Changelog\n")
+    assert f"version {packer.__version__}" in changelog or f"[{packer.__version__}]" in changelog
+    assert f"writes format {FORMAT_VERSION}" in changelog
