@@ -5,8 +5,6 @@ Light on purpose: the libraries are imported only when the report is asked for."
 
 from __future__ import annotations
 
-import importlib.metadata
-import platform
 from typing import Any
 
 from packer import __version__
@@ -30,6 +28,8 @@ def install_hint(extra: str | None = None, *, upgrade: bool = False) -> str:
 def versions() -> dict[str, Any]:
     """This packer's version, Python's, the versions of the libraries that read, write and decode
     stores (None for an accelerator or extra that is not installed), and the store formats."""
+    import platform
+
     import h5py
     import lmdb
     import numpy
@@ -81,6 +81,8 @@ def version_lines(v: dict[str, Any]) -> list[str]:
 
 
 def _installed(distribution: str) -> str | None:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
