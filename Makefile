@@ -2,17 +2,22 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Reinstalled when pyproject.toml or the version (packer/__init__.py) changes: the installed
+# metadata carries the version.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml packer/__init__.py | cksum | cut -d' ' -f1)
 # torch is an optional extra; the tests use it (DataLoader workers), so `make test` installs
 # the CPU build. 2.13.0 is pinned because this project's machines carry that wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-torch demo test test-slow lint fmt bench clean
+.PHONY: install install-torch demo test test-slow lint fmt bench dist smoke clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# `packer` was this project's distribution name before packer-image-shards: a .venv made then
+# would hold both, the old one's metadata still claiming the package, so it goes first.
+$(STAMP): pyproject.toml packer/__init__.py
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip uninstall --quiet --yes packer 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	rm -f $(VENV)/.installed-* && touch $@
 
@@ -47,5 +52,17 @@ bench: install install-torch
 	$(BIN)/python scripts/bench_pack.py
 	$(BIN)/python scripts/bench_reader.py
 
+# The wheel and the sdist in dist/, by the standard front end; their metadata and contents
+# checked (twine, scripts/check_dist.py).
+dist: install
+	rm -rf build dist  # setuptools would package a module left in build/ by an earlier build
+	$(BIN)/python -m build --quiet --sdist --wheel --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python scripts/check_dist.py dist
+
+# dist/ installed as users install it: each into a fresh venv outside the checkout, then tried.
+smoke: dist
+	PYTHON=$(PYTHON) bash scripts/smoke_dist.sh dist
+
 clean:
-	rm -rf $(VENV) demo build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# The one place the version is written: the build reads it (pyproject.toml), pack records it in
+# every manifest, `packer --version` prints it. CHANGELOG.md says what each one changed.
 __version__ = "0.1.0"
 
 # Imported after __version__, which pack.py records in every manifest.

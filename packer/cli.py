@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 import click
 
-from packer import __version__, look, shuffle_report, views
+from packer import about, look, shuffle_report, views
 from packer.access import Store, open_store
 from packer.check import describe_store
 from packer.convert import convert_store
@@ -39,10 +39,50 @@ class _Group(click.Group):
             raise click.ClickException(str(e)) from e
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        _echo_versions(as_json=False)
+        ctx.exit()
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="packer")
+@click.option(
+    "--version",
+    is_flag=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_print_version,
+    help="Which packer this is, its libraries' versions, the store formats; see `packer version`.",
+)
 def cli() -> None:
-    """Pack a folder of images into pre-shuffled LMDB or HDF5 shards, and look inside them."""
+    """Pack a folder of images into pre-shuffled LMDB or HDF5 shards, and look inside them.
+
+    This is packer from the packer-image-shards distribution, not HashiCorp's Packer;
+    `python -m packer` runs it wherever another `packer` comes first on the PATH.
+    """
+
+
+@cli.command("version")
+@click.option("--json", "as_json", is_flag=True, help="Print them as JSON.")
+def version_command(as_json: bool) -> None:
+    """Which packer this is (not HashiCorp's Packer, also a `packer` command), the versions of
+    the libraries that read, write and decode stores, and the store formats it writes and reads:
+    paste it into a bug report.
+
+    \b
+    Example:
+        packer version
+        packer version --json
+    """
+    _echo_versions(as_json)
+
+
+def _echo_versions(as_json: bool) -> None:
+    versions = about.versions()
+    if as_json:
+        _echo_json(versions)
+    else:
+        click.echo("\n".join(about.version_lines(versions)))
 
 
 @cli.command("pack")

@@ -20,6 +20,7 @@ from typing import Any
 
 from PIL import Image
 
+from packer.about import install_hint
 from packer.errors import PackerError, StoreError, UsageError
 from packer.ledger import Ledger, ShardResult
 from packer.prepare import prepare_file
@@ -39,10 +40,11 @@ def write_on_cluster(
 ) -> Iterator[tuple[int, ShardResult]]:
     """Run one task per job on the cluster ``context.options.dask`` names; yield each
     finished shard, checked and recorded in the ledger, as it comes back."""
-    from distributed import as_completed
-
     assert context.options.dask is not None
     with connect(context.options.dask) as client:
+        # Imported after connect, which says what to install where Dask is missing.
+        from distributed import as_completed
+
         futures = {
             client.submit(
                 _shard_task,
@@ -116,7 +118,7 @@ def connect(address: str) -> Iterator[Any]:
         from distributed import Client, LocalCluster
     except ImportError:
         raise UsageError(
-            "--dask needs Dask's distributed scheduler: pip install 'packer[dask]'"
+            f"--dask needs Dask's distributed scheduler: {install_hint('dask')}"
         ) from None
     if address.startswith("local:"):
         try:

@@ -20,11 +20,13 @@ from typing import Any
 
 import xxhash
 
+from packer.about import install_hint
 from packer.errors import IncompleteStoreError, ManifestError
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "OLDEST_FORMAT_VERSION",
     "MANIFEST_NAME",
     "SHARD_HASH",
     "ShardInfo",
@@ -41,6 +43,7 @@ FORMAT = "packer-store"
 # use the "columns" layout (packer/store/lmdb_store.py). 3: shard files are hashed with
 # xxh3-128, each shard's "checksum" naming its algorithm, where 1 and 2 had a "sha256".
 FORMAT_VERSION = 3
+OLDEST_FORMAT_VERSION = 1  # every format since the first still opens
 SHARD_HASH = "xxh3_128"  # how new shard files are hashed; sha256 is still read and checked
 _HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 _CHECKSUM = re.compile(r"^(xxh3_128:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
@@ -423,9 +426,12 @@ def _from_json(path: Path, data: Any) -> Manifest:
     need(
         version <= FORMAT_VERSION,
         f"format_version {version} is newer than this packer understands "
-        f"({FORMAT_VERSION}); upgrade packer",
+        f"({FORMAT_VERSION}); upgrade packer: {install_hint(upgrade=True)}",
     )
-    need(version >= 1, f"format_version {version} is unknown (packer writes {FORMAT_VERSION})")
+    need(
+        version >= OLDEST_FORMAT_VERSION,
+        f"format_version {version} is unknown (packer writes {FORMAT_VERSION})",
+    )
     need(data.get("backend") in ("lmdb", "hdf5"), f"unknown backend {data.get('backend')!r}")
     wrong = _mismatch(data, _SPEC, "")
     need(wrong is None, f"malformed manifest: {wrong}")

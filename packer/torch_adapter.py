@@ -9,11 +9,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import IterableDataset, get_worker_info
-
+from packer.about import install_hint
 from packer.batching import Batch
 from packer.reader import Reader, ReaderOptions, rank_and_world
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ModuleNotFoundError as e:
+    if e.name != "torch":
+        raise
+    # Reached by output="torch" and by importing TorchDataset: say what to install.
+    raise ModuleNotFoundError(
+        f"output='torch' and packer.torch_adapter need PyTorch: {install_hint('torch')}",
+        name="torch",
+    ) from None
 
 __all__ = ["BatchMover", "TorchDataset"]
 
