@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import store_path, write_image
+from conftest import rewrite_manifest, store_path, write_image
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.cli import cli
@@ -176,7 +176,7 @@ def test_append_to_a_store_whose_stats_predate_totals(
     data = json.loads(path.read_text())
     for name in ("payload_bytes", "height", "width"):
         del data["stats"][name]["total"]
-    path.write_text(json.dumps(data))
+    rewrite_manifest(base, data)
     before = data["stats"]["payload_bytes"]
     pack(folder(tmp_path / "new", {"eel": 3}, 500), base, opts(backend))
     after = read_manifest(base).stats["payload_bytes"]
