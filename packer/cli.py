@@ -207,7 +207,14 @@ def pack_command(
         signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
-    elif not quiet:
+    elif quiet:
+        pass
+    elif result.already_added is not None:
+        click.echo(
+            f"nothing to add: {output} already holds {source}, the same files and labels "
+            f"({result.already_added}); nothing was written"
+        )
+    else:
         _print_pack_summary(result)
 
 

@@ -34,12 +34,21 @@ def partial_path(final: Path) -> Path:
 class Staging:
     """Owns ``OUT.partial`` for one pack: create, lock, then commit or discard."""
 
-    def __init__(self, final: Path, overwrite: bool = False, keep_unfinished: bool = False) -> None:
+    def __init__(
+        self,
+        final: Path,
+        overwrite: bool = False,
+        keep_unfinished: bool = False,
+        *,
+        staged: Path | None = None,
+    ) -> None:
         """Create and lock ``OUT.partial``. What an earlier, unfinished run left there is
-        removed, or kept with ``keep_unfinished`` for the caller to resume from."""
+        removed, or kept with ``keep_unfinished`` for the caller to resume from. ``staged``:
+        another folder to stage in, for an append to the existing store ``final`` (which
+        messages name; ``commit`` is not used)."""
         self.final = final
-        self.path = partial_path(final)
-        if final.exists() or final.is_symlink():
+        self.path = staged or partial_path(final)
+        if staged is None and (final.exists() or final.is_symlink()):
             if not overwrite:
                 raise StoreExistsError(
                     f"{final} already exists; pass --overwrite or choose another path"

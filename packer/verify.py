@@ -13,6 +13,7 @@ SIGBUS, or an LMDB assertion's SIGABRT). Only a truncated LMDB file is refused b
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import multiprocessing
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from packer import imaging
+from packer.duplicates import SourceKeys
 from packer.manifest import Manifest, ShardInfo, file_checksum, read_manifest
 from packer.options import default_workers
 from packer.record import Block, checksum
@@ -157,6 +159,7 @@ def verify_store(
 
     found = _Findings(max_problems)
     workers = workers or default_workers()
+    sources = SourceKeys(manifest)
     checked = 0
     advance(0)
     files = _files_checked_ahead(store, manifest)
@@ -168,11 +171,12 @@ def verify_store(
             if intact is None:
                 pass  # missing, unreadable, or too short to map safely
             elif intact:
-                checked += _check_records(job, found, advance)
+                checked += _check_records(job, found, advance, sources)
             else:
                 checked += _check_records_apart(job, found)
             advance(start + info.num_records)
             log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
+    _report_duplicates(store, manifest, sources, found)
     if checked != total:
         found.add("", None, None, f"{checked:,} of the manifest's {total:,} records were checked")
     if found.unlisted:
@@ -265,9 +269,14 @@ def _check_in_child(send: Any, job: _ShardCheck, limit: int) -> None:
     send.send((checked, [(p.shard, p.index, p.path, p.reason) for p in found.listed]))
 
 
-def _check_records(job: _ShardCheck, found: _Findings, advance: Callable[[int], None]) -> int:
+def _check_records(
+    job: _ShardCheck,
+    found: _Findings,
+    advance: Callable[[int], None],
+    sources: SourceKeys | None = None,
+) -> int:
     """Read and check one shard's records, decoding in ``job.workers`` threads; returns how
-    many were read and checksummed."""
+    many were read and checksummed. ``sources`` is told each record's path and CRC-32."""
     file, info, start, manifest, decode = job.file, job.info, job.start, job.manifest, job.decode
     try:
         reader: ShardReader = open_shard_reader(manifest.backend, file)
@@ -291,6 +300,8 @@ def _check_records(job: _ShardCheck, found: _Findings, advance: Callable[[int], 
             except Exception:  # noqa: BLE001 - find out which records fail, one at a time
                 blocks = _one_by_one(reader, info.file, start, first, last, found)
             for offset, block in blocks:
+                if sources is not None:
+                    sources.add(start + offset, block.paths, block.crc32)
                 suspects = _suspects(block, mode, decode)
                 look = partial(
                     _record_problem, block, mode=mode, decode=decode, max_pixels=max_pixels
@@ -311,6 +322,36 @@ def _check_records(job: _ShardCheck, found: _Findings, advance: Callable[[int], 
         except Exception:  # noqa: BLE001 - closing a damaged file may fail too; nothing to add
             log.debug("closing %s failed", file, exc_info=True)
     return checked
+
+
+def _report_duplicates(
+    store: Path, manifest: Manifest, sources: SourceKeys, found: _Findings
+) -> None:
+    """Name each record that repeats an earlier one's source file (packer.duplicates),
+    reading both again to rule out a collision of their keys."""
+    starts = manifest.shard_starts()
+    readers: dict[int, ShardReader] = {}
+
+    def read(index: int) -> tuple[str, tuple[str, str, int]]:
+        number = bisect.bisect_right(starts, index) - 1
+        if number not in readers:
+            readers[number] = open_shard_reader(
+                manifest.backend, store / manifest.shards[number].file
+            )
+        block = readers[number].read_block(index - starts[number], index - starts[number] + 1)
+        path, crc = block.paths[0], int(block.crc32[0])
+        return manifest.shards[number].file, sources.source(index, path, crc)
+
+    try:
+        for earlier, later in sources.candidates():
+            first_shard, first = read(earlier)
+            shard, source = read(later)
+            if source == first:
+                reason = f"packed twice: the same source file as record {earlier} ({first_shard})"
+                found.add(shard, later, source[1], reason)
+    finally:
+        for reader in readers.values():
+            reader.close()
 
 
 def _one_by_one(
