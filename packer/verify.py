@@ -18,8 +18,10 @@ import contextlib
 import logging
 import multiprocessing
 import signal
+import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+import warnings
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -163,7 +165,7 @@ def verify_store(
     checked = 0
     advance(0)
     files = _files_checked_ahead(store, manifest)
-    with contextlib.closing(files):
+    with contextlib.closing(files), _decoder_warnings_logged():
         for info, start, intact, reason in files:
             if reason is not None:
                 found.add(info.file, None, None, reason)
@@ -265,7 +267,8 @@ def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:
 
 def _check_in_child(send: Any, job: _ShardCheck, limit: int) -> None:
     found = _Findings(limit)
-    checked = _check_records(job, found, lambda done: None)
+    with _decoder_warnings_logged():
+        checked = _check_records(job, found, lambda done: None)
     send.send((checked, [(p.shard, p.index, p.path, p.reason) for p in found.listed]))
 
 
@@ -400,6 +403,7 @@ def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: i
             return f"{size:,} raw bytes, shape {_shape(stored)} needs {needed:,}"
         ok = stored[2] in _channels(mode)
         return None if ok else f"shape {_shape(stored)} is not {mode} pixels"
+    _decoding.path = block.paths[i]
     try:
         decoded = imaging.decoded_shape(bytes(payload), mode, max_pixels)
     except Exception as e:  # noqa: BLE001 - any decoder error means the record is unusable
@@ -407,6 +411,27 @@ def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: i
     if decoded != stored:
         return f"decodes to {_shape(decoded)}, stored shape is {_shape(stored)}"
     return None
+
+
+# The record a decode thread is on, for a warning its decoder gives (_decoder_warnings_logged).
+_decoding = threading.local()
+
+
+@contextlib.contextmanager
+def _decoder_warnings_logged() -> Iterator[None]:
+    """Python warnings while verifying (Pillow's "Corrupt EXIF data" of an image that decodes
+    all the same) become one logged line each naming the record's path, where Python would
+    print its own two lines with Pillow's source line. Entered where the decode threads
+    start, so their warnings go through it."""
+
+    def show(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        where = getattr(_decoding, "path", "verify")
+        log.warning("%s: warning while decoding: %s", where, " ".join(str(message).split()))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # every record's warning, not each message once
+        warnings.showwarning = show
+        yield
 
 
 def _shape(shape: tuple[int, ...]) -> str:
