@@ -57,8 +57,11 @@ class Staging:
                 raise StoreExistsError(
                     f"{final} exists and is not a packer store; refusing to overwrite it"
                 )
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.path / _LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.path / _LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as e:  # a read-only or immutable folder, no permission
+            raise StoreError(f"{final}: cannot write {self.path}: {e.strerror or e}") from e
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

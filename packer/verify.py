@@ -33,7 +33,7 @@ import numpy as np
 from packer import imaging
 from packer.duplicates import SourceKeys
 from packer.manifest import Manifest, ShardInfo, file_checksum, read_manifest
-from packer.options import default_workers
+from packer.options import check_workers, default_workers
 from packer.record import Block, checksum
 from packer.row_checks import rows_intact
 from packer.store import ShardReader, open_shard_reader
@@ -142,11 +142,13 @@ def verify_store(
         ManifestError: the manifest is missing or unreadable (IncompleteStoreError for an
             unfinished pack).
         ValueError: ``max_problems`` is below 1, or ``workers`` below 0.
+        UsageError: more ``workers`` than options.check_workers allows.
     """
     if max_problems < 1:
         raise ValueError(f"max_problems must be at least 1, not {max_problems}")
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be 0 (all cores) or more, not {workers}")
+    check_workers(workers or 0)
     started = time.perf_counter()
     store = Path(path)
     manifest = read_manifest(store)
