@@ -73,7 +73,10 @@ def earlier_pack(base: Manifest, root: Path, digest: str) -> str | None:
     source = base.source
     if source.get("inputs_sha256") == digest and source.get("root") == root_name:
         return f"packed on {base.created}"
-    for entry in source.get("appends", []):
+    appends = source.get("appends")
+    for entry in appends if isinstance(appends, list) else []:
+        if not isinstance(entry, dict):
+            continue  # a store another tool made: nothing of ours to match
         if entry.get("inputs_sha256") == digest and entry.get("root") == root_name:
             first = entry["first_shard"]
             return (

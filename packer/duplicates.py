@@ -31,14 +31,14 @@ class SourceKeys:
         self.keys = np.zeros(manifest.num_records, np.uint64)
         self.seen = np.zeros(manifest.num_records, bool)
 
-    def source(self, index: int, path: str, crc32: int) -> tuple[str, str, int]:
-        """What makes record ``index`` of ``path`` and ``crc32`` the file it is."""
+    def identity(self, index: int, path: str, crc32: int) -> tuple[str, str, int]:
+        """Which source file record ``index``, of ``path`` and ``crc32``, is."""
         return self.roots[bisect.bisect_right(self.starts, index) - 1], path, crc32
 
     def add(self, first: int, paths: list[str], crc32: np.ndarray) -> None:
         """Records ``first``, ``first + 1``, ... have these paths and CRC-32s."""
         for i, (path, crc) in enumerate(zip(paths, crc32.tolist())):
-            root, _, _ = self.source(first + i, path, crc)
+            root, _, _ = self.identity(first + i, path, crc)
             self.keys[first + i] = xxhash.xxh3_64_intdigest(f"{root}\0{path}\0{crc}".encode())
         self.seen[first : first + len(paths)] = True
 

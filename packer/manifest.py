@@ -162,7 +162,7 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 # A manifest's last field is the checksum of every byte before its line, and the bytes after
 # the checksum are exactly these: so a change to any byte of the file is caught.
 _SEAL_KEY = "manifest_checksum"
-_SEAL = re.compile(rb'"manifest_checksum": "(xxh3_128:[0-9a-f]{32})"\n}\n\Z')
+_SEAL = re.compile(b'"%s": "(xxh3_128:[0-9a-f]{32})"\n}\n\\Z' % _SEAL_KEY.encode())
 
 
 def manifest_bytes(data: dict[str, Any]) -> bytes:

@@ -160,7 +160,9 @@ def pack(
         earlier = append.earlier_pack(base, src.root, digest)
         if earlier is not None:
             seconds = time.perf_counter() - started
-            return PackResult(output, base, seconds, 0, [], 0, 0, base.num_records, earlier)
+            return PackResult(
+                output, base, seconds, 0, appended_to=base.num_records, already_added=earlier
+            )
         src = append.relabel(src, base)
         staging = Staging(output, keep_unfinished=True, staged=append.appending_path(output))
     else:

@@ -345,12 +345,16 @@ def _report_duplicates(
             )
         block = readers[number].read_block(index - starts[number], index - starts[number] + 1)
         path, crc = block.paths[0], int(block.crc32[0])
-        return manifest.shards[number].file, sources.source(index, path, crc)
+        return manifest.shards[number].file, sources.identity(index, path, crc)
 
     try:
         for earlier, later in sources.candidates():
-            first_shard, first = read(earlier)
-            shard, source = read(later)
+            try:
+                first_shard, first = read(earlier)
+                shard, source = read(later)
+            except Exception:  # noqa: BLE001 - read once already; a second failure adds nothing
+                log.debug("%s: records %d, %d unreadable", store, earlier, later, exc_info=True)
+                continue
             if source == first:
                 reason = f"packed twice: the same source file as record {earlier} ({first_shard})"
                 found.add(shard, later, source[1], reason)
