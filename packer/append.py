@@ -6,6 +6,10 @@ gets the next free index. New shards are written beside the store, in ``OUT.appe
 (resumable like any pack), moved into the store once all are finished, and only then does
 the new manifest replace the old. A reader that opened the store before keeps reading the
 shards its manifest names, which are untouched.
+
+The manifest records a digest of each pack's and each append's inputs (root folder, paths,
+sizes, labels): an append whose inputs the store already holds adds nothing, so running the
+same command again, after a kill that came after the commit, cannot add its images twice.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from packer.options import PackOptions
 from packer.source import LabelColumn, Source, SourceItem
 from packer.stats import RecordStats
 
-__all__ = ["appending_path", "open_base", "relabel", "grown", "add_shards"]
+__all__ = ["appending_path", "open_base", "earlier_pack", "relabel", "grown", "add_shards"]
 
 # How a record is stored: an appended image must be stored the way the others are.
 _STORAGE_OPTIONS = (
@@ -30,8 +34,8 @@ _STORAGE_OPTIONS = (
 
 
 def appending_path(store: Path) -> Path:
-    """The name the staging folder of an append is derived from (``OUT.append.partial``)."""
-    return store.with_name(store.name + ".append")
+    """The staging folder of an append to ``store``: ``OUT.append.partial``."""
+    return store.with_name(store.name + ".append.partial")
 
 
 def open_base(store: Path, options: PackOptions) -> tuple[Manifest, PackOptions]:
@@ -59,6 +63,26 @@ def open_base(store: Path, options: PackOptions) -> tuple[Manifest, PackOptions]
         )
     known = {f.name for f in fields(PackOptions)}
     return base, replace(options, **{k: v for k, v in adopted.items() if k in known})
+
+
+def earlier_pack(base: Manifest, root: Path, digest: str) -> str | None:
+    """When the store already holds the inputs of ``digest`` under ``root``: which pack or
+    append put them there, in a few words; else None. Stores and appends from before this
+    digest was recorded have none to match."""
+    root_name = str(root.resolve())
+    source = base.source
+    if source.get("inputs_sha256") == digest and source.get("root") == root_name:
+        return f"packed on {base.created}"
+    appends = source.get("appends")
+    for entry in appends if isinstance(appends, list) else []:
+        if not isinstance(entry, dict):
+            continue  # a store another tool made: nothing of ours to match
+        if entry.get("inputs_sha256") == digest and entry.get("root") == root_name:
+            first = entry["first_shard"]
+            return (
+                f"appended on {entry['created']} as shards {first}..{first + entry['shards'] - 1}"
+            )
+    return None
 
 
 def relabel(src: Source, base: Manifest) -> Source:
@@ -110,6 +134,7 @@ def grown(base: Manifest, added: Manifest) -> Manifest:
         "root": added.source["root"],
         "files": added.source["files"],
         "packed_bytes": added.source["packed_bytes"],
+        "inputs_sha256": added.source["inputs_sha256"],
         "records": added.num_records,
         "seed": added.seed,
         "created": added.created,

@@ -16,7 +16,7 @@ from packer.access import Store, open_store
 from packer.check import describe_store
 from packer.convert import convert_store
 from packer.errors import PackerError, PackInterrupted, UsageError
-from packer.options import PackOptions, parse_hw, parse_size
+from packer.options import PackOptions, check_seed, parse_hw, parse_size
 from packer.pack import PackResult, pack
 from packer.store import backend_for_path
 from packer.terminal import ProgressLine, human_bytes
@@ -247,7 +247,14 @@ def pack_command(
         signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=1))
-    elif not quiet:
+    elif quiet:
+        pass
+    elif result.already_added is not None:
+        click.echo(
+            f"nothing to add: {output} already holds {source}, the same files and labels "
+            f"({result.already_added}); nothing was written"
+        )
+    else:
         _print_pack_summary(result)
 
 
@@ -366,6 +373,7 @@ def inspect_command(
         packer inspect out.lmdb --shuffle --chunk-size 512 --buffer-chunks 8
         packer inspect train.h5 --images /samples --labels /labels
     """
+    check_seed(what["seed"])
     actions = [
         a
         for a in ("verify", "grid", "head", "index", "extract", "shuffle", "bench")

@@ -23,6 +23,7 @@ from PIL import Image
 from packer.about import install_hint
 from packer.errors import PackerError, StoreError, UsageError
 from packer.ledger import Ledger, ShardResult
+from packer.options import check_workers
 from packer.prepare import prepare_file
 from packer.shard_job import PackContext, ShardJob, hashed, to_record, write_shard
 from packer.store import open_shard_reader
@@ -127,6 +128,7 @@ def connect(address: str) -> Iterator[Any]:
             workers = 0
         if workers < 1:
             raise UsageError(f"--dask {address}: write local:N with N at least 1, e.g. local:4")
+        check_workers(workers, f"--dask {address}")
         cluster = LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0"
         )

@@ -26,7 +26,7 @@ from packer.scan import Skipped
 from packer.source import Source
 from packer.stats import RecordStats
 
-__all__ = ["Ledger", "PackIdentity", "ShardResult"]
+__all__ = ["Ledger", "PackIdentity", "ShardResult", "inputs_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +85,9 @@ class PackIdentity:
 
     @classmethod
     def of(cls, src: Source, options: PackOptions, base: str = "") -> PackIdentity:
-        digest = hashlib.sha256()
-        for column in src.columns:
-            digest.update(json.dumps(column.to_json()).encode())
-        for item in src.items:
-            digest.update(f"{item.path}\0{item.size}\0{item.labels}\n".encode())
-        for skipped in src.skipped:
-            digest.update(f"{skipped.path}\0{skipped.reason}\n".encode())
         chosen = {k: v for k, v in options.to_json().items() if k not in _RUN_ONLY}
         return cls(
-            str(src.root.resolve()), len(src.items), digest.hexdigest(), chosen, options.seed, base
+            str(src.root.resolve()), len(src.items), inputs_digest(src), chosen, options.seed, base
         )
 
     def difference(self, saved: dict[str, Any]) -> str | None:
@@ -122,6 +115,19 @@ class PackIdentity:
         if self.seed is not None and saved.get("seed") != self.seed:
             return f"it was packed with --seed {saved.get('seed')}, not {self.seed}"
         return None
+
+
+def inputs_digest(src: Source) -> str:
+    """sha256 over the label columns, every (path, size, labels) and every skipped file, in
+    order: what tells one pack's inputs from another's."""
+    digest = hashlib.sha256()
+    for column in src.columns:
+        digest.update(json.dumps(column.to_json()).encode())
+    for item in src.items:
+        digest.update(f"{item.path}\0{item.size}\0{item.labels}\n".encode())
+    for skipped in src.skipped:
+        digest.update(f"{skipped.path}\0{skipped.reason}\n".encode())
+    return digest.hexdigest()
 
 
 class Ledger:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import islice
 from pathlib import Path
@@ -27,7 +27,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from packer import jpeg_turbo
 from packer.access import Store
-from packer.errors import UsageError
+from packer.errors import PackerError, UsageError
 from packer.reader import open_reader
 from packer.record import CRC32_BY, Record, checksum
 
@@ -234,7 +234,7 @@ def contact_sheet(
             draw.rectangle((x, y + tile, x + tile - 1, y + cell - 1), fill=_STRIP_BACKGROUND)
             text = _label_text(s, [int(v) for v in labels]) if len(labels) else f"#{index}"
             draw.text((x + 3, y + tile + 2), _fit_text(draw, text, font, tile - 6), _TEXT, font)
-    sheet.save(out_path, "PNG")
+    _written(Path(out_path), lambda out: sheet.save(out, "PNG"))
     return indices
 
 
@@ -350,7 +350,7 @@ def extract(store: StoreLike, index: int, out_path: Path | str) -> Path:
                 "use e.g. .png, .jpg, .webp, .bmp or .tif"
             )
         if stored is not None and stored == wanted:
-            out.write_bytes(bytes(record.data))
+            _written(out, lambda out: out.write_bytes(bytes(record.data)))
             return out
         pixels, _ = s[index]  # upright, the store's mode; verified and decoded like the reader
         im = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
@@ -360,10 +360,21 @@ def extract(store: StoreLike, index: int, out_path: Path | str) -> Path:
             if im.mode in ("RGBA", "LA"):
                 im = im.convert("RGB" if im.mode == "RGBA" else "L")
         try:
-            im.save(out, wanted, **options)
-        except (OSError, ValueError, KeyError) as e:
+            _written(out, lambda out: im.save(out, wanted, **options))
+        except (OSError, ValueError, KeyError) as e:  # the encoder's, not the file system's
             raise UsageError(f"cannot save record {index} as {wanted}: {e}") from e
     return out
+
+
+def _written(out: Path, write: Callable[[Path], object]) -> None:
+    """``write(out)``; a place that cannot take the file (read-only, immutable, no
+    permission, full) is a one-line error naming it."""
+    try:
+        write(out)
+    except OSError as e:
+        if e.errno is None:  # an encoder's error, for the caller
+            raise
+        raise PackerError(f"{out}: cannot write it: {e.strerror}") from e
 
 
 # -- throughput ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ __all__ = [
     "SHARD_HASH",
     "ShardInfo",
     "file_checksum",
+    "manifest_bytes",
     "Storage",
     "Manifest",
     "read_manifest",
@@ -42,8 +43,10 @@ FORMAT = "packer-store"
 # The format this packer writes, and the newest it reads. 2: raw LMDB shards of one shape
 # use the "columns" layout (packer/store/lmdb_store.py). 3: shard files are hashed with
 # xxh3-128, each shard's "checksum" naming its algorithm, where 1 and 2 had a "sha256".
-FORMAT_VERSION = 3
+# 4: the manifest ends with a checksum of its own bytes ("manifest_checksum", see _seal).
+FORMAT_VERSION = 4
 OLDEST_FORMAT_VERSION = 1  # every format since the first still opens
+_SEALED_SINCE = 4  # the first format whose manifests must carry their own checksum
 SHARD_HASH = "xxh3_128"  # how new shard files are hashed; sha256 is still read and checked
 _HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 _CHECKSUM = re.compile(r"^(xxh3_128:[0-9a-f]{32}|sha256:[0-9a-f]{64})$")
@@ -151,13 +154,57 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     """Write ``folder/manifest.json`` atomically: temp file, fsync, rename, fsync the folder."""
     target = folder / MANIFEST_NAME
     temp = folder / (MANIFEST_NAME + ".tmp")
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(manifest.to_json(), f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    with open(temp, "wb") as f:
+        f.write(manifest_bytes(manifest.to_json()))
         f.flush()
         os.fsync(f.fileno())
     os.replace(temp, target)
     fsync_path(folder)
+
+
+# A manifest's last field is the checksum of every byte before its line, and the bytes after
+# the checksum are exactly these: so a change to any byte of the file is caught.
+_SEAL_KEY = "manifest_checksum"
+_SEAL = re.compile(b'"%s": "(xxh3_128:[0-9a-f]{32})"\n}\n\\Z' % _SEAL_KEY.encode())
+
+
+def manifest_bytes(data: dict[str, Any]) -> bytes:
+    """``data`` as manifest.json holds it: indented JSON, sealed by a last field,
+    ``manifest_checksum``, the xxh3-128 of every byte before that field's name (one that
+    ``data`` holds is replaced)."""
+    data = {k: v for k, v in data.items() if k != _SEAL_KEY}
+    if not data:
+        raise ValueError("a manifest is a non-empty object")
+    body = json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8")
+    head = body[: -len(b"\n}")] + b",\n "
+    return head + b'"%s": "%s"\n}\n' % (_SEAL_KEY.encode(), _seal(head).encode())
+
+
+def _seal(head: bytes) -> str:
+    return f"xxh3_128:{xxhash.xxh3_128(head).hexdigest()}"
+
+
+def _check_seal(path: Path, raw: bytes, claimed: object, version: int) -> None:
+    """Refuse a manifest whose bytes changed after packer wrote them (format 4 on; an older
+    manifest without a checksum is taken as it is)."""
+    if claimed is None:
+        if version >= _SEALED_SINCE:
+            raise ManifestError(
+                f"{path}: {_SEAL_KEY} is missing (format {version} manifests carry one); "
+                "the manifest was edited or damaged"
+            )
+        return
+    tail = _SEAL.search(raw)
+    if tail is None or tail.group(1).decode() != claimed:
+        raise ManifestError(
+            f"{path}: {_SEAL_KEY} is not the last line packer writes; "
+            "the manifest was edited or damaged"
+        )
+    if _seal(raw[: tail.start()]) != claimed:
+        raise ManifestError(
+            f"{path}: the manifest changed after packer wrote it (its {_SEAL_KEY} does not "
+            "match its bytes); it was edited or damaged: restore it or pack again"
+        )
 
 
 def fsync_path(path: Path) -> None:
@@ -192,11 +239,14 @@ def read_manifest(store: Path | str) -> Manifest:
                 f"{path}: a {size:,}-byte manifest is not a packer manifest "
                 f"(the limit is {_MAX_MANIFEST_BYTES:,} bytes)"
             )
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        raw = path.read_bytes()
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         # ValueError: bad JSON, NaN or Infinity, an integer of thousands of digits
         raise ManifestError(f"{path}: unreadable manifest: {e}") from e
-    manifest = _from_json(path, data)
+    claimed = data.pop(_SEAL_KEY, None) if isinstance(data, dict) else None
+    manifest = _from_json(path, data)  # what is wrong with the fields, said first
+    _check_seal(path, raw, claimed, manifest.format_version)
     for shard in manifest.shards:
         _check_shard_file(path, store / shard.file, shard.num_records, _record_bytes(manifest))
     return manifest

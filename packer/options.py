@@ -11,7 +11,14 @@ from packer.errors import UsageError
 from packer.imaging import DEFAULT_MAX_PIXELS, MODES
 from packer.resizing import FITS
 
-__all__ = ["PackOptions", "parse_size", "parse_hw", "default_workers"]
+__all__ = [
+    "PackOptions",
+    "parse_size",
+    "parse_hw",
+    "default_workers",
+    "check_seed",
+    "check_workers",
+]
 
 ENCODINGS = ("jpeg", "png", "webp")
 CHECKS = ("full", "header")
@@ -41,6 +48,32 @@ def default_workers() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+# Workers (processes or threads) past this many per core only cost memory: every knob of
+# that kind is refused above it, where --workers 10000 forked processes until memory ran out.
+WORKERS_PER_CORE = 4
+
+
+def check_workers(workers: int, given: str | None = None) -> None:
+    """Refuse more than WORKERS_PER_CORE workers a core this process may use; ``given``:
+    how the user asked for them, for the message (default ``--workers N``)."""
+    cores = default_workers()
+    limit = WORKERS_PER_CORE * cores
+    if workers > limit:
+        raise UsageError(
+            f"{given or f'--workers {workers}'}: more than {WORKERS_PER_CORE} workers per "
+            f"core on this machine's {cores} cores; give at most {limit}"
+        )
+
+
+MAX_SEED = (1 << 63) - 1  # a manifest keeps its seed as a signed 64-bit integer
+
+
+def check_seed(seed: int | None) -> None:
+    """Refuse a seed NumPy's generators cannot take (negative) or a manifest cannot keep."""
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed must be a whole number from 0 to {MAX_SEED}, not {seed}")
 
 
 def parse_size(text: str) -> int:
@@ -105,6 +138,7 @@ class PackOptions:
         choose("fit", self.fit, FITS)
         choose("check", self.check, CHECKS)
         choose("on_error", self.on_error, ON_ERROR)
+        check_seed(self.seed)
         if self.encode is not None:
             choose("encode", self.encode, ENCODINGS)
         if self.compression is not None:
@@ -123,6 +157,7 @@ class PackOptions:
             raise UsageError(f"--quality must be between 1 and 100, not {self.quality}")
         if self.workers < 0:
             raise UsageError(f"--workers must be 0 (all cores) or more, not {self.workers}")
+        check_workers(self.workers)
         if self.size is not None and self.size[0] * self.size[1] > self.max_pixels:
             height, width = self.size
             raise UsageError(

@@ -32,7 +32,7 @@ from typing import Any
 
 from packer import __version__, append, headers, imaging
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError
-from packer.ledger import Ledger, PackIdentity, ShardResult
+from packer.ledger import Ledger, PackIdentity, ShardResult, inputs_digest
 from packer.manifest import Manifest
 from packer.options import PackOptions
 from packer.prefetch import Prefetcher
@@ -80,6 +80,9 @@ class PackResult:
     kept_shards: int = 0  # shards an interrupted run had finished, which this one resumed from
     kept_records: int = 0  # records in those shards
     appended_to: int = 0  # with --append: records the store held before
+    # with --append, when the store already held these inputs and nothing was added: when
+    # they were added ("appended on <date> as shards 2..3")
+    already_added: str | None = None
 
     def skipped_by_reason(self) -> Counter[str]:
         return Counter(s.reason.split(":", 1)[0] for s in self.skipped)
@@ -101,9 +104,17 @@ class PackResult:
             "kept_shards": self.kept_shards,
             "images_per_s": round(packed_now / self.seconds, 1) if self.seconds else None,
             "mb_per_s": round(self.source_bytes / 1e6 / self.seconds, 1) if self.seconds else None,
-            # this pack's seed: with --append, that of the new shards, not the store's first
-            "seed": m.source["appends"][-1]["seed"] if self.appended_to else m.seed,
+            "seed": self._seed(),
+            "already_added": self.already_added,
         }
+
+    def _seed(self) -> int | None:
+        """This pack's seed: with --append, that of the new shards, not the store's first."""
+        if self.already_added is not None:
+            return None
+        return int(
+            self.manifest.source["appends"][-1]["seed"] if self.appended_to else self.manifest.seed
+        )
 
 
 def pack(
@@ -121,7 +132,9 @@ def pack(
     store an uninterrupted pack would have. After any other error nothing is left. Bad files
     are skipped and listed in the manifest, or stop the pack with ``options.on_error == "fail"``.
     With ``options.append`` the images become new shards of the existing store at ``output``
-    (see ``packer.append``); with ``options.dask`` the shards are written on a Dask cluster.
+    (see ``packer.append``), unless the store already holds these inputs: then nothing is
+    written and ``already_added`` says when they were; with ``options.dask`` the shards are
+    written on a Dask cluster.
 
     Raises:
         PackerError: a problem the user can act on (see ``packer.errors``).
@@ -140,11 +153,18 @@ def pack(
     if options.on_error == "fail" and src.skipped:
         first = src.skipped[0]
         raise BadImageError(str(source / first.path), first.reason)
+    digest = inputs_digest(src)
     base: Manifest | None = None
     if options.append:
         base, options = append.open_base(output, options)
+        earlier = append.earlier_pack(base, src.root, digest)
+        if earlier is not None:
+            seconds = time.perf_counter() - started
+            return PackResult(
+                output, base, seconds, 0, appended_to=base.num_records, already_added=earlier
+            )
         src = append.relabel(src, base)
-        staging = Staging(append.appending_path(output), keep_unfinished=True)
+        staging = Staging(output, keep_unfinished=True, staged=append.appending_path(output))
     else:
         staging = Staging(output, options.overwrite, keep_unfinished=True)
     ledger = Ledger(staging.path)
@@ -171,7 +191,7 @@ def pack(
     def make(folder: Path) -> Manifest:
         shards[:] = _write_shards(src, items, plan, options, ledger, progress, first_shard)
         ledger.forget()
-        added = _manifest(src, shards, options, seed)
+        added = _manifest(src, shards, options, seed, digest)
         return append.grown(base, added) if base else added
 
     def add_to_store(manifest: Manifest) -> None:
@@ -613,7 +633,9 @@ def _result(
         ) from e
 
 
-def _manifest(src: Source, shards: list[ShardResult], options: PackOptions, seed: int) -> Manifest:
+def _manifest(
+    src: Source, shards: list[ShardResult], options: PackOptions, seed: int, digest: str
+) -> Manifest:
     stats = RecordStats(len(src.columns))
     shapes: set[tuple[int, int, int]] = set()
     for shard in shards:
@@ -639,5 +661,6 @@ def _manifest(src: Source, shards: list[ShardResult], options: PackOptions, seed
             "root": str(src.root.resolve()),
             "files": len(src.items) + len(src.skipped),
             "packed_bytes": sum(s.source_bytes for s in shards),
+            "inputs_sha256": digest,  # ledger.inputs_digest: how an append knows it ran before
         },
     )

@@ -131,6 +131,12 @@ def _from_csv(
     for name in label_cols:
         values = [row[name].strip() for _, row in rows]
         if all(_INTEGER.match(v) for v in values):
+            for (line, _), value in zip(rows, values):
+                if not _is_int64(value):
+                    raise LabelsError(
+                        f"{table}:{line}: label {value} in column {name!r} does not fit in "
+                        "64 bits (labels are stored as int64); use smaller numbers or class names"
+                    )
             columns.append(LabelColumn(name, None))
             codes.append([int(v) for v in values])
         else:
@@ -156,6 +162,11 @@ def _from_csv(
     return Source(root, items, columns, "csv", [])
 
 
+def _is_int64(text: str) -> bool:
+    digits = text.lstrip("+-")
+    return len(digits) <= 19 and -(1 << 63) <= int(text) < 1 << 63  # no 5,000-digit int()
+
+
 def _read_table(table: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     try:
         text = table.read_text(encoding="utf-8-sig")
@@ -167,6 +178,11 @@ def _read_table(table: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]
     header = reader.fieldnames
     if not header or len(header) < 1:
         raise LabelsError(f"{table}: empty labels file (a header line is required)")
+    if len(header) == 1 and ";" in header[0]:
+        raise LabelsError(
+            f"{table}: its columns are separated by ';' (header {first_line.strip()!r}); "
+            "packer reads comma- or tab-separated files: save it with ',' or tabs"
+        )
     rows = []
     for row in reader:
         if None in row or any(v is None for v in row.values()):

@@ -34,12 +34,21 @@ def partial_path(final: Path) -> Path:
 class Staging:
     """Owns ``OUT.partial`` for one pack: create, lock, then commit or discard."""
 
-    def __init__(self, final: Path, overwrite: bool = False, keep_unfinished: bool = False) -> None:
+    def __init__(
+        self,
+        final: Path,
+        overwrite: bool = False,
+        keep_unfinished: bool = False,
+        *,
+        staged: Path | None = None,
+    ) -> None:
         """Create and lock ``OUT.partial``. What an earlier, unfinished run left there is
-        removed, or kept with ``keep_unfinished`` for the caller to resume from."""
+        removed, or kept with ``keep_unfinished`` for the caller to resume from. ``staged``:
+        another folder to stage in, for an append to the existing store ``final`` (which
+        messages name; ``commit`` is not used)."""
         self.final = final
-        self.path = partial_path(final)
-        if final.exists() or final.is_symlink():
+        self.path = staged or partial_path(final)
+        if staged is None and (final.exists() or final.is_symlink()):
             if not overwrite:
                 raise StoreExistsError(
                     f"{final} already exists; pass --overwrite or choose another path"
@@ -48,8 +57,11 @@ class Staging:
                 raise StoreExistsError(
                     f"{final} exists and is not a packer store; refusing to overwrite it"
                 )
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.path / _LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.path / _LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as e:  # a read-only or immutable folder, no permission
+            raise StoreError(f"{final}: cannot write {self.path}: {e.strerror or e}") from e
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,7 +27,7 @@ from packer.errors import (
     StoreExistsError,
     UsageError,
 )
-from packer.options import default_workers
+from packer.options import check_workers, default_workers
 from packer.record import Record
 
 __all__ = ["LAYOUTS", "UnpackResult", "unpack_store"]
@@ -103,6 +103,7 @@ def unpack_store(
         raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     if workers is not None and workers < 0:
         raise UsageError(f"workers must be 0 (all cores) or more, not {workers}")
+    check_workers(workers or 0)
     outdir = Path(outdir)
     opened = not isinstance(store, Store)
     source = store if isinstance(store, Store) else Store(store)

@@ -13,12 +13,15 @@ SIGBUS, or an LMDB assertion's SIGABRT). Only a truncated LMDB file is refused b
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import multiprocessing
 import signal
+import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+import warnings
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -28,8 +31,9 @@ from typing import Any
 import numpy as np
 
 from packer import imaging
+from packer.duplicates import SourceKeys
 from packer.manifest import Manifest, ShardInfo, file_checksum, read_manifest
-from packer.options import default_workers
+from packer.options import check_workers, default_workers
 from packer.record import Block, checksum
 from packer.row_checks import rows_intact
 from packer.store import ShardReader, open_shard_reader
@@ -138,11 +142,13 @@ def verify_store(
         ManifestError: the manifest is missing or unreadable (IncompleteStoreError for an
             unfinished pack).
         ValueError: ``max_problems`` is below 1, or ``workers`` below 0.
+        UsageError: more ``workers`` than options.check_workers allows.
     """
     if max_problems < 1:
         raise ValueError(f"max_problems must be at least 1, not {max_problems}")
     if workers is not None and workers < 0:
         raise ValueError(f"workers must be 0 (all cores) or more, not {workers}")
+    check_workers(workers or 0)
     started = time.perf_counter()
     store = Path(path)
     manifest = read_manifest(store)
@@ -157,10 +163,11 @@ def verify_store(
 
     found = _Findings(max_problems)
     workers = workers or default_workers()
+    sources = SourceKeys(manifest)
     checked = 0
     advance(0)
     files = _files_checked_ahead(store, manifest)
-    with contextlib.closing(files):
+    with contextlib.closing(files), _decoder_warnings_logged():
         for info, start, intact, reason in files:
             if reason is not None:
                 found.add(info.file, None, None, reason)
@@ -168,11 +175,12 @@ def verify_store(
             if intact is None:
                 pass  # missing, unreadable, or too short to map safely
             elif intact:
-                checked += _check_records(job, found, advance)
+                checked += _check_records(job, found, advance, sources)
             else:
                 checked += _check_records_apart(job, found)
             advance(start + info.num_records)
             log.debug("%s: %s done, %d problems so far", store, info.file, len(found.listed))
+    _report_duplicates(store, manifest, sources, found)
     if checked != total:
         found.add("", None, None, f"{checked:,} of the manifest's {total:,} records were checked")
     if found.unlisted:
@@ -261,13 +269,19 @@ def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:
 
 def _check_in_child(send: Any, job: _ShardCheck, limit: int) -> None:
     found = _Findings(limit)
-    checked = _check_records(job, found, lambda done: None)
+    with _decoder_warnings_logged():
+        checked = _check_records(job, found, lambda done: None)
     send.send((checked, [(p.shard, p.index, p.path, p.reason) for p in found.listed]))
 
 
-def _check_records(job: _ShardCheck, found: _Findings, advance: Callable[[int], None]) -> int:
+def _check_records(
+    job: _ShardCheck,
+    found: _Findings,
+    advance: Callable[[int], None],
+    sources: SourceKeys | None = None,
+) -> int:
     """Read and check one shard's records, decoding in ``job.workers`` threads; returns how
-    many were read and checksummed."""
+    many were read and checksummed. ``sources`` is told each record's path and CRC-32."""
     file, info, start, manifest, decode = job.file, job.info, job.start, job.manifest, job.decode
     try:
         reader: ShardReader = open_shard_reader(manifest.backend, file)
@@ -291,6 +305,8 @@ def _check_records(job: _ShardCheck, found: _Findings, advance: Callable[[int], 
             except Exception:  # noqa: BLE001 - find out which records fail, one at a time
                 blocks = _one_by_one(reader, info.file, start, first, last, found)
             for offset, block in blocks:
+                if sources is not None:
+                    sources.add(start + offset, block.paths, block.crc32)
                 suspects = _suspects(block, mode, decode)
                 look = partial(
                     _record_problem, block, mode=mode, decode=decode, max_pixels=max_pixels
@@ -311,6 +327,40 @@ def _check_records(job: _ShardCheck, found: _Findings, advance: Callable[[int], 
         except Exception:  # noqa: BLE001 - closing a damaged file may fail too; nothing to add
             log.debug("closing %s failed", file, exc_info=True)
     return checked
+
+
+def _report_duplicates(
+    store: Path, manifest: Manifest, sources: SourceKeys, found: _Findings
+) -> None:
+    """Name each record that repeats an earlier one's source file (packer.duplicates),
+    reading both again to rule out a collision of their keys."""
+    starts = manifest.shard_starts()
+    readers: dict[int, ShardReader] = {}
+
+    def read(index: int) -> tuple[str, tuple[str, str, int]]:
+        number = bisect.bisect_right(starts, index) - 1
+        if number not in readers:
+            readers[number] = open_shard_reader(
+                manifest.backend, store / manifest.shards[number].file
+            )
+        block = readers[number].read_block(index - starts[number], index - starts[number] + 1)
+        path, crc = block.paths[0], int(block.crc32[0])
+        return manifest.shards[number].file, sources.identity(index, path, crc)
+
+    try:
+        for earlier, later in sources.candidates():
+            try:
+                first_shard, first = read(earlier)
+                shard, source = read(later)
+            except Exception:  # noqa: BLE001 - read once already; a second failure adds nothing
+                log.debug("%s: records %d, %d unreadable", store, earlier, later, exc_info=True)
+                continue
+            if source == first:
+                reason = f"packed twice: the same source file as record {earlier} ({first_shard})"
+                found.add(shard, later, source[1], reason)
+    finally:
+        for reader in readers.values():
+            reader.close()
 
 
 def _one_by_one(
@@ -359,6 +409,7 @@ def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: i
             return f"{size:,} raw bytes, shape {_shape(stored)} needs {needed:,}"
         ok = stored[2] in _channels(mode)
         return None if ok else f"shape {_shape(stored)} is not {mode} pixels"
+    _decoding.path = block.paths[i]
     try:
         decoded = imaging.decoded_shape(bytes(payload), mode, max_pixels)
     except Exception as e:  # noqa: BLE001 - any decoder error means the record is unusable
@@ -366,6 +417,27 @@ def _record_problem(block: Block, i: int, mode: str, decode: bool, max_pixels: i
     if decoded != stored:
         return f"decodes to {_shape(decoded)}, stored shape is {_shape(stored)}"
     return None
+
+
+# The record a decode thread is on, for a warning its decoder gives (_decoder_warnings_logged).
+_decoding = threading.local()
+
+
+@contextlib.contextmanager
+def _decoder_warnings_logged() -> Iterator[None]:
+    """Python warnings while verifying (Pillow's "Corrupt EXIF data" of an image that decodes
+    all the same) become one logged line each naming the record's path, where Python would
+    print its own two lines with Pillow's source line. Entered where the decode threads
+    start, so their warnings go through it."""
+
+    def show(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        where = getattr(_decoding, "path", "verify")
+        log.warning("%s: warning while decoding: %s", where, " ".join(str(message).split()))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # every record's warning, not each message once
+        warnings.showwarning = show
+        yield
 
 
 def _shape(shape: tuple[int, ...]) -> str:

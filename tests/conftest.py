@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,6 +82,15 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def rewrite_manifest(store: Path, data: object) -> None:
+    """Save an edited manifest (a dict loaded from manifest.json) as packer writes one, with its
+    own checksum made to match: the edit is what a test looks at, not the checksum."""
+    from packer.manifest import manifest_bytes
+
+    assert isinstance(data, dict)
+    (store / "manifest.json").write_bytes(manifest_bytes(data))
+
+
 def store_path(tmp_path: Path, backend: str, name: str = "out") -> Path:
     return tmp_path / (name + (".lmdb" if backend == "lmdb" else ".h5"))
 
@@ -107,3 +118,22 @@ def corpus_dir() -> Path:
             f"shared corpus not found at {corpus} (it ships beside the project, not with it)"
         )
     return corpus
+
+
+def packer_command(*args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``packer ARGS`` run as a real process, as a user runs it."""
+    command = [sys.executable, "-m", "packer", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(
+    done: subprocess.CompletedProcess[str], *names: object, code: int = 1
+) -> str:
+    """The run failed with exit status ``code`` and said why in one line on stderr, naming
+    each of ``names``, with no traceback; returns that line."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    for name in names:
+        assert str(name) in lines[0], (name, lines[0])
+    return lines[0]

@@ -3,14 +3,22 @@ stays exactly as it was, and readers opened before the append go on unharmed."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import store_path, write_image
+from conftest import (
+    assert_one_line_error,
+    packer_command,
+    rewrite_manifest,
+    store_path,
+    write_image,
+)
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.cli import cli
@@ -176,7 +184,7 @@ def test_append_to_a_store_whose_stats_predate_totals(
     data = json.loads(path.read_text())
     for name in ("payload_bytes", "height", "width"):
         del data["stats"][name]["total"]
-    path.write_text(json.dumps(data))
+    rewrite_manifest(base, data)
     before = data["stats"]["payload_bytes"]
     pack(folder(tmp_path / "new", {"eel": 3}, 500), base, opts(backend))
     after = read_manifest(base).stats["payload_bytes"]
@@ -184,3 +192,93 @@ def test_append_to_a_store_whose_stats_predate_totals(
         added = sum(len(r.data) for r in list(store.records())[20:])
     assert after["count"] == before["count"] + 3
     assert after["total"] == round(before["mean"] * before["count"]) + added
+
+
+def test_the_same_append_run_again_adds_nothing(base: Path, tmp_path: Path, backend: str) -> None:
+    """Issue 29: the same --append twice added every image twice. The store now records a
+    digest of each pack's inputs; the second run writes nothing and says so in one line,
+    and so does an append of the folder the store was first packed from."""
+    new = folder(tmp_path / "new", {"dog": 3, "eel": 4}, 100)
+    pack(new, base, opts(backend))
+    manifest_bytes, shard_hashes = (base / "manifest.json").read_bytes(), hashes(base)
+
+    again = pack(new, base, opts(backend, seed=9))  # another seed: the same images still
+    assert again.already_added is not None and again.already_added.startswith("appended on ")
+    assert again.to_json()["packed"] == 0 and again.to_json()["store_records"] == 27
+    done = packer_command("pack", new, base, "--append")
+    assert done.returncode == 0 and not done.stderr
+    assert done.stdout.splitlines() == [
+        f"nothing to add: {base} already holds {new}, the same files and labels "
+        f"({again.already_added}); nothing was written"
+    ]
+    first = pack(tmp_path / "old", base, opts(backend))
+    assert first.already_added == f"packed on {read_manifest(base).created}"
+    assert (base / "manifest.json").read_bytes() == manifest_bytes
+    assert hashes(base) == shard_hashes and verify_store(base).ok
+    assert not (tmp_path / (base.name + ".append.partial")).exists()
+
+    write_image(new / "eel" / "late.jpg", seed=999)  # the folder changed: a new append
+    assert pack(new, base, opts(backend)).to_json()["packed"] == 8
+
+
+def test_rerun_after_a_kill_that_came_after_the_commit_adds_nothing(
+    base: Path, tmp_path: Path, backend: str
+) -> None:
+    """A kill between the manifest's rename and the process's exit leaves the grown store and
+    its emptied staging folder (with the lock file) behind; "run the same command again", the
+    documented recovery, must not add the images a second time."""
+    new = folder(tmp_path / "new", {"eel": 5}, 600)
+    pack(new, base, opts(backend))
+    staged = tmp_path / (base.name + ".append.partial")
+    staged.mkdir()
+    (staged / ".lock").touch()  # what the killed append left
+    grown = read_manifest(base)
+
+    done = packer_command("pack", new, base, "--append", "--shards", "2")
+    assert done.returncode == 0 and done.stdout.startswith("nothing to add: "), done.stderr
+    assert read_manifest(base) == grown and verify_store(base).ok
+
+
+def test_verify_names_a_source_file_packed_twice(base: Path, tmp_path: Path, backend: str) -> None:
+    """A store grown by a packer that did not record its inputs: the same append twice put
+    each image in twice, which --verify reports naming the path and both records. The same
+    relative path from another folder is not a duplicate."""
+    new = folder(tmp_path / "new", {"eel": 3}, 700)
+    for _ in range(2):
+        pack(new, base, opts(backend))
+        data = json.loads((base / "manifest.json").read_text())
+        for entry in [data["source"], *data["source"]["appends"]]:
+            entry.pop("inputs_sha256", None)  # as the older packer wrote it
+        rewrite_manifest(base, data)
+    copy = tmp_path / "copy"
+    shutil.copytree(new, copy)
+    pack(copy, base, opts(backend))
+
+    report = verify_store(base)
+    assert not report.ok and len(report.problems) == 3
+    with open_store(base) as store:
+        paths = [r.path for r in store.records()]
+        shards = [s.file for s in store.manifest.shards]
+        for problem in report.problems:
+            assert problem.index is not None and 23 <= problem.index < 26
+            assert problem.path == paths[problem.index]
+            earlier = paths.index(problem.path, 20)
+            assert problem.reason == (
+                f"packed twice: the same source file as record {earlier} "
+                f"({shards[store.locate(earlier)[0]]})"
+            )
+    done = packer_command("inspect", base, "--verify")
+    assert done.returncode == 1 and done.stderr.count("packed twice") == 3
+
+
+def test_an_append_refused_while_another_runs_names_the_store(
+    base: Path, tmp_path: Path, backend: str
+) -> None:
+    new = folder(tmp_path / "new", {"eel": 2}, 800)
+    lock = tmp_path / (base.name + ".append.partial") / ".lock"
+    lock.parent.mkdir()
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a running append holds it
+        done = packer_command("pack", new, base, "--append")
+    line = assert_one_line_error(done, f"another pack is writing {base} (it holds {lock})")
+    assert f"{base}.append " not in line

@@ -200,35 +200,37 @@ def test_not_a_store_and_unfinished_store(tmp_path: Path) -> None:
         ("hdf5", {"raw": True, "size": (4, 4)}),
     ],
 )
-def test_new_stores_are_format_3_and_format_1_and_2_stores_still_read_and_verify(
+def test_new_stores_are_format_4_and_format_1_and_2_stores_still_read_and_verify(
     image_dir: Path, tmp_path: Path, backend: str, extra: dict[str, object]
 ) -> None:
-    """Packs, conversions and appends are written as format 3, whose shard checksums are
-    xxh3-128 (an older packer refuses them as newer than it reads). A store an older packer
-    wrote, with a sha256 per shard, still opens, and verify checks that sha256."""
+    """Packs, conversions and appends are written as format 4, whose shard checksums are
+    xxh3-128 and whose manifest has a checksum of its own (an older packer refuses them as
+    newer than it reads). A store an older packer wrote, with a sha256 per shard and no
+    manifest checksum, still opens, and verify checks that sha256."""
     from packer import PackOptions, pack
     from packer.convert import convert_store
     from packer.verify import verify_store
 
     out = tmp_path / ("out.lmdb" if backend == "lmdb" else "out.h5")
     pack(image_dir, out, PackOptions(backend=backend, workers=1, **extra))  # type: ignore[arg-type]
-    assert read_manifest(out).format_version == FORMAT_VERSION == 3
+    assert read_manifest(out).format_version == FORMAT_VERSION == 4
     other = "hdf5" if backend == "lmdb" else "lmdb"
     converted = convert_store(out, tmp_path / ("c.h5" if other == "hdf5" else "c.lmdb"))
-    assert converted.format_version == 3
+    assert converted.format_version == 4
     more = tmp_path / "more"
     (more / "extra").mkdir(parents=True)
     (more / "extra" / "one.png").write_bytes((next(image_dir.rglob("*.png"))).read_bytes())
     options = PackOptions(backend=backend, workers=1, append=True, **extra)  # type: ignore[arg-type]
     pack(more, out, options)
     grown = read_manifest(out)
-    assert grown.format_version == 3 and len(grown.shards) == 2
+    assert grown.format_version == 4 and len(grown.shards) == 2
     for shard in grown.shards:
         assert shard.checksum == shard_checksum((out / shard.file).read_bytes())
 
     # As an older packer wrote it: format 2 (1 for what 2 did not change), a sha256 a shard.
     data = json.loads((out / "manifest.json").read_text())
     data["format_version"] = 2 if backend == "lmdb" and extra else 1
+    del data["manifest_checksum"]  # format 4's
     sha256 = {}
     for shard in data["shards"]:
         del shard["checksum"]

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import tables
 from click.testing import CliRunner
-from conftest import shard_checksum, write_image
+from conftest import rewrite_manifest, shard_checksum, write_image
 
 import packer
 from packer import PackOptions, open_reader, open_store, pack
@@ -582,7 +582,7 @@ def _reseal(store: Path) -> None:
             data = file.read_bytes()
             if shard_checksum(data) != shard["checksum"]:
                 shard["bytes"], shard["checksum"] = len(data), shard_checksum(data)
-    (store / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(store, manifest)
 
 
 def _make_case(base: Path, to: Path, case: Case) -> Path:
@@ -594,7 +594,7 @@ def _make_case(base: Path, to: Path, case: Case) -> Path:
     if isinstance(text, str):
         (store / "manifest.json").write_text(text, errors="surrogateescape")
         return store
-    (store / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(store, manifest)
     _reseal(store)
     return store
 

@@ -45,7 +45,7 @@ def shard_hashes(store: Path) -> dict[str, str]:
 def comparable(store: Path) -> dict[str, Any]:
     """The manifest, less what differs between two runs of one pack: the time and run flags."""
     data = json.loads((store / "manifest.json").read_text())
-    del data["created"]
+    del data["created"], data["manifest_checksum"]
     for run_only in ("resume", "workers", "overwrite"):
         del data["options"][run_only]
     return data

@@ -20,7 +20,7 @@ from types import ModuleType
 
 import lmdb
 import pytest
-from conftest import pack_three_ways, write_image
+from conftest import pack_three_ways, rewrite_manifest, write_image
 
 from packer import open_reader, open_store
 from packer.errors import CorruptRecordError, StoreError
@@ -213,7 +213,7 @@ def test_a_record_whose_payload_was_cut_short_is_named_or_skipped(
     env.close()
     manifest = json.loads((store / "manifest.json").read_text())
     manifest["shards"][1]["bytes"] = (store / "shard-00001.lmdb").stat().st_size
-    (store / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(store, manifest)
     index = manifest["shards"][0]["num_records"] + 2
     with open_reader(store, batch_size=8) as reader, pytest.raises(CorruptRecordError) as info:
         list(reader)
@@ -238,7 +238,7 @@ def test_a_truncated_shard_is_named_even_when_skipping(
     os.truncate(shard, shard.stat().st_size // 2)
     if reseal:
         manifest["shards"][1]["bytes"] = shard.stat().st_size
-        (store / "manifest.json").write_text(json.dumps(manifest))
+        rewrite_manifest(store, manifest)
     for on_error in ("raise", "skip"):
         with open_reader(store, batch_size=8, on_error=on_error) as reader:
             with pytest.raises(StoreError) as info:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import threading
@@ -14,7 +15,8 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from conftest import shard_checksum, store_path, write_image
+from conftest import encoded, packer_command, shard_checksum, store_path, write_image
+from PIL import Image
 
 from packer import PackOptions, open_store, pack
 from packer.errors import ManifestError
@@ -457,3 +459,25 @@ def test_a_crashing_bit_flip_is_reported_not_fatal(
     report = json.loads(done.stdout)
     assert not report["ok"]
     assert any("crashed the reader (SIG" in p["reason"] for p in report["problems"]), report
+
+
+def test_a_decoder_warning_is_one_line_naming_the_record(tmp_path: Path) -> None:
+    """Issue 29: verify printed Pillow's raw "UserWarning: Corrupt EXIF data" and its source
+    line. An image whose EXIF block points past its end decodes all the same: the store is
+    OK, and the warning is one line naming the record's path."""
+    ifd = struct.pack("<HHHII", 1, 0x010F, 2, 12, 0x100) + struct.pack(
+        "<I", 0
+    )  # Make: past the end
+    exif = b"Exif\0\0II*\0" + struct.pack("<I", 8) + ifd
+    source = tmp_path / "src"
+    (source / "a").mkdir(parents=True)
+    (source / "a" / "bad_exif.jpg").write_bytes(
+        encoded(Image.new("RGB", (16, 12)), "JPEG", exif=exif)
+    )
+    store = tmp_path / "s.lmdb"
+    pack(source, store, PackOptions(seed=0, workers=1))
+    done = packer_command("inspect", store, "--verify")
+    assert done.returncode == 0 and "OK: 1 records" in done.stdout
+    assert done.stderr.splitlines() == [
+        "a/bad_exif.jpg: warning while decoding: Truncated File Read"
+    ], done.stderr
