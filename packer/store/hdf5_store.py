@@ -9,8 +9,18 @@ Layout of one shard file::
     /crc32     uint32 (n,)
     /shapes    int32 (n, 3)                   upright height, width, channels
     /formats   uint8 (n,)                     index into the attribute format_names
-    /paths     variable-length UTF-8 (n,)     original relative path
+    /path_bytes    uint8 (total path bytes,)  every original relative path, UTF-8, back to back
+    /path_offsets  uint64 (n + 1,)            path i is path_bytes[path_offsets[i]:path_offsets[i+1]]
     attribute "packer" on the root            the shard's own metadata, as JSON
+
+The file is written in HDF5 1.10's format (superblock v3, v2 object headers, extensible-array
+chunk indexes), whose every metadata block carries a checksum, and holds no variable-length
+data: its global heap is the one metadata block HDF5 leaves unchecked, and damage there made
+libhdf5 loop forever. So a damaged shard is an error from libhdf5, never a hang.
+
+Shards packed before this layout (superblock v0, ``/paths`` variable-length UTF-8) still read;
+their metadata has no checksums, so packer checks such a file's hash before libhdf5 parses it
+(``checksummed_metadata``; ``packer.access``).
 
 One flat byte dataset plus offsets, not a vlen dataset: a range of records is then one
 contiguous slice, read in one call and split without copying (scripts/bench_hdf5_layout.py
@@ -32,7 +42,7 @@ from packer.manifest import fsync_path
 from packer.record import Block, Record
 from packer.store.base import ShardMeta
 
-__all__ = ["Hdf5ShardWriter", "Hdf5ShardReader", "SPAN", "PATH_SPAN"]
+__all__ = ["Hdf5ShardWriter", "Hdf5ShardReader", "SPAN", "PATH_SPAN", "checksummed_metadata"]
 
 # HDF5 chunk of the payload dataset: 16 MiB reads fastest (2.4x a vlen dataset, and on par
 # with a contiguous one; scripts/bench_hdf5_layout.py), smaller for a small shard, whose last
@@ -44,6 +54,9 @@ _SPACE_MARGIN = 8 << 20  # room kept for HDF5's own metadata when checking free 
 # CPU jump from run to run (0.42-0.77 s, the pack 0.25-0.59 s; four bench runs of four), 2 MB
 # ones did not (0.37-0.47 s, 0.23-0.29 s); 1 and 4 MB were in between.
 _FLUSH_BYTES = 2 << 20
+# Files readable by HDF5 1.10 and later, in the formats whose metadata carries checksums.
+_LIBVER = ("v110", "v110")
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _COMPRESSION: dict[str | None, dict[str, Any]] = {
     None: {},
     "gzip": {"compression": "gzip", "compression_opts": 4},
@@ -59,7 +72,7 @@ class Hdf5ShardWriter:
             raise ValueError(f"unknown HDF5 compression {meta.compression!r}; use gzip or lzf")
         self.path = path
         self.meta = meta
-        self._file = h5py.File(path, "w", track_order=False)
+        self._file = h5py.File(path, "w", track_order=False, libver=_LIBVER)
         # fill_time="never": no zero-fill of a chunk before it is written (3x faster writes).
         filters = {**_COMPRESSION[meta.compression], "fill_time": "never"}
         expected_bytes = expected_bytes or _MAX_CHUNK_BYTES * 8  # unknown: full-size chunks
@@ -140,7 +153,8 @@ class Hdf5ShardWriter:
     def close(self, sync: bool = True) -> None:
         self._flush()
         n = len(self._paths)
-        _ensure_space(self.path, n * 64 + sum(len(p) for p in self._paths))
+        paths = [p.encode() for p in self._paths]
+        _ensure_space(self.path, n * 64 + sum(map(len, paths)))
         f = self._file
         if self.meta.raw_shape is None:
             f.create_dataset("offsets", data=np.array(self._offsets, np.uint64), track_times=False)
@@ -156,9 +170,10 @@ class Hdf5ShardWriter:
             "formats", data=np.array([codes[x] for x in self._formats], np.uint8), track_times=False
         )
         f["formats"].attrs["format_names"] = json.dumps(names)
-        f.create_dataset(
-            "paths", data=self._paths, dtype=h5py.string_dtype("utf-8"), track_times=False
-        )
+        path_offsets = np.cumsum([0, *map(len, paths)], dtype=np.uint64)
+        f.create_dataset("path_offsets", data=path_offsets, track_times=False)
+        path_bytes = np.frombuffer(b"".join(paths), np.uint8)
+        f.create_dataset("path_bytes", data=path_bytes, track_times=False)
         meta = {
             "index": self.meta.index,
             "num_records": n,
@@ -233,6 +248,35 @@ class _Spans:
         return tuple(c[a:b] for c in kept[1])
 
 
+class _FlatPaths:
+    """Paths of the flat layout, as _Spans returns a column's: offsets read by span, then the
+    bytes of a block's paths in one slice."""
+
+    def __init__(self, offsets: h5py.Dataset, data: h5py.Dataset) -> None:
+        self._offsets, self._data = _Spans((offsets,), SPAN), data
+
+    def read(self, start: int, stop: int) -> tuple[list[bytes]]:
+        (offsets,) = self._offsets.read(start, stop + 1)
+        bounds = offsets.astype(np.int64)
+        if bounds[0] < 0 or bounds[-1] > len(self._data) or np.any(np.diff(bounds) < 0):
+            raise ValueError(
+                f"the path offsets of records {start}..{stop - 1} are damaged "
+                f"(they leave the {len(self._data):,} path bytes)"
+            )
+        data = self._data[bounds[0] : bounds[-1]].tobytes()
+        cuts = (bounds - bounds[0]).tolist()
+        return ([data[a:b] for a, b in zip(cuts[:-1], cuts[1:])],)
+
+
+def checksummed_metadata(path: Path) -> bool:
+    """Whether the HDF5 file at ``path`` is in a format whose metadata carries checksums
+    (superblock v2 or later), read from its first bytes before libhdf5 parses anything.
+    Packer's own shards start with the superblock (no user block)."""
+    with open(path, "rb") as f:
+        head = f.read(len(_SIGNATURE) + 1)
+    return head[:-1] == _SIGNATURE and head[-1] >= 2
+
+
 def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
     """Refuse (ValueError) columns of the wrong length, type or size, before any read."""
     n, payload = reader._len, reader._payload
@@ -241,7 +285,7 @@ def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
         "crc32": (reader._crc32, (n,)),
         "shapes": (reader._shapes, (n, 3)),
         "formats": (reader._formats, (n,)),
-        "paths": (reader._path_strings, (n,)),
+        **reader._path_columns(),
         **({"images": (payload, (n, -1, -1, -1))} if reader._raw else {"data": (payload, (-1,))}),
         **({"offsets": (reader._offsets, (n + 1,))} if reader._offsets is not None else {}),
     }
@@ -309,16 +353,30 @@ class Hdf5ShardReader:
             # shard stays cheap when a reader hops among many shards (a Store keeps a few open).
             self._offsets = None if self._raw else f["offsets"]
             self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
-            self._formats, self._path_strings = f["formats"], f["paths"]
+            self._formats = f["formats"]
             self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
             self._small_columns = _Spans(
                 (self._labels, self._crc32, self._shapes, self._formats), SPAN
             )
-            self._paths = _Spans((self._path_strings,), PATH_SPAN)  # UTF-8 bytes
+            self._paths: _Spans | _FlatPaths  # either gives each path's UTF-8 bytes
+            if "paths" in f:  # packed before the flat layout
+                self._paths = _Spans((f["paths"],), PATH_SPAN)
+            else:
+                self._paths = _FlatPaths(f["path_offsets"], f["path_bytes"])
             _check_columns(self, path.stat().st_size)
         except (KeyError, ValueError, TypeError, OSError) as e:
             f.close()
             raise ValueError(f"{path}: damaged packer shard: {e}") from e
+
+    def _path_columns(self) -> dict[str, tuple[h5py.Dataset, tuple[int, ...]]]:
+        """The path datasets of this shard's layout, with the shapes _check_columns wants."""
+        f, n = self._file, self._len
+        if "paths" in f:
+            return {"paths": (f["paths"], (n,))}
+        return {
+            "path_offsets": (f["path_offsets"], (n + 1,)),
+            "path_bytes": (f["path_bytes"], (-1,)),
+        }
 
     def __len__(self) -> int:
         return self._len
