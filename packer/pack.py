@@ -524,7 +524,7 @@ def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
         options.num_workers,
         multiprocessing.get_context(method),
         initializer=init_worker,
-        # forkserver's workers are not our children, and do not share our file locks
+        # forkserver's workers are the forkserver's children, which dies with this process
         initargs=(options, 0 if method == "forkserver" else os.getpid()),
     )
     pool.submit(int).result()  # with fork, every worker process is started by the first task

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from packer import imaging
+from packer.lifeline import die_with_parent
 from packer.manifest import Manifest, ShardInfo, file_checksum, read_manifest
 from packer.options import default_workers
 from packer.record import Block, checksum
@@ -246,7 +248,7 @@ def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:
     assertion's abort: seen in bit-flip sweeps), so here a crash is one more finding."""
     context = multiprocessing.get_context("spawn")  # a clean process, no inherited handles
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_check_in_child, args=(send, job, found.limit))
+    child = context.Process(target=_check_in_child, args=(send, job, found.limit, os.getpid()))
     child.start()
     send.close()
     try:
@@ -269,7 +271,8 @@ def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:
     return int(checked)
 
 
-def _check_in_child(send: Any, job: _ShardCheck, limit: int) -> None:
+def _check_in_child(send: Any, job: _ShardCheck, limit: int, parent: int) -> None:
+    die_with_parent(parent)  # a SIGKILLed inspect must not leave its reader running
     found = _Findings(limit)
     checked = _check_records(job, found, lambda done: None)
     send.send((checked, [(p.shard, p.index, p.path, p.reason) for p in found.listed]))
