@@ -29,9 +29,13 @@ measures the two).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +46,21 @@ from packer.manifest import fsync_path
 from packer.record import Block, Record
 from packer.store.base import ShardMeta
 
-__all__ = ["Hdf5ShardWriter", "Hdf5ShardReader", "SPAN", "PATH_SPAN", "checksummed_metadata"]
+__all__ = [
+    "Hdf5ShardWriter",
+    "Hdf5ShardReader",
+    "SPAN",
+    "PATH_SPAN",
+    "checksummed_metadata",
+    "is_disk_full",
+]
 
 # HDF5 chunk of the payload dataset: 16 MiB reads fastest (2.4x a vlen dataset, and on par
 # with a contiguous one; scripts/bench_hdf5_layout.py), smaller for a small shard, whose last
 # chunk would otherwise be mostly empty space.
 _MAX_CHUNK_BYTES = 16 << 20
 _MIN_CHUNK_BYTES = 64 << 10
-_SPACE_MARGIN = 8 << 20  # room kept for HDF5's own metadata when checking free space
+_SPACE_MARGIN = 8 << 20  # room held beyond the payloads for HDF5's metadata and caches
 # Payload bytes buffered in memory between writes. 16 MB writes made a warm header pack's
 # CPU jump from run to run (0.42-0.77 s, the pack 0.25-0.59 s; four bench runs of four), 2 MB
 # ones did not (0.37-0.47 s, 0.23-0.29 s); 1 and 4 MB were in between.
@@ -73,6 +84,12 @@ class Hdf5ShardWriter:
         self.path = path
         self.meta = meta
         self._file = h5py.File(path, "w", track_order=False, libver=_LIBVER)
+        self._room = _Room(path)
+        try:
+            self._room.hold(0)  # the margin: libhdf5 flushes metadata even when aborted
+        except OSError:
+            self.abort()
+            raise
         # fill_time="never": no zero-fill of a chunk before it is written (3x faster writes).
         filters = {**_COMPRESSION[meta.compression], "fill_time": "never"}
         expected_bytes = expected_bytes or _MAX_CHUNK_BYTES * 8  # unknown: full-size chunks
@@ -138,24 +155,33 @@ class Hdf5ShardWriter:
 
     def _write(self, payloads: np.ndarray) -> None:
         """Append ``payloads`` (whole records' bytes, back to back) to the payload dataset."""
-        _ensure_space(self.path, len(payloads))
+        self._room.hold(self._allocated() + len(payloads))
         if self.meta.raw_shape is not None:
             payloads = payloads.reshape(-1, *self.meta.raw_shape)
         # h5py's own calls: its slicing (resize, then assign) cost ~65 us more a write, ~7 ms
         # of the 108 writes of 2 MB that a 216 MB pack makes.
         dataset, start, stop = self._payloads.id, self._written, self._written + len(payloads)
-        dataset.set_extent((stop, *payloads.shape[1:]))
-        space = dataset.get_space()
-        space.select_hyperslab((start,) + (0,) * (payloads.ndim - 1), payloads.shape)
-        dataset.write(h5py.h5s.create_simple(payloads.shape), space, payloads)
+        with _disk_full_named(self.path):
+            dataset.set_extent((stop, *payloads.shape[1:]))
+            space = dataset.get_space()
+            space.select_hyperslab((start,) + (0,) * (payloads.ndim - 1), payloads.shape)
+            dataset.write(h5py.h5s.create_simple(payloads.shape), space, payloads)
         self._written = stop
 
     def close(self, sync: bool = True) -> None:
         self._flush()
-        n = len(self._paths)
         paths = [p.encode() for p in self._paths]
-        _ensure_space(self.path, n * 64 + sum(map(len, paths)))
-        f = self._file
+        self._room.hold(self._allocated() + len(paths) * 64 + sum(map(len, paths)))
+        with _disk_full_named(self.path):
+            self._write_columns(paths)
+            self._file.close()
+        self._room.close()
+        if sync:
+            fsync_path(self.path)
+
+    def _write_columns(self, paths: list[bytes]) -> None:
+        """Every column but the payloads, and the shard's own metadata."""
+        f, n = self._file, len(paths)
         if self.meta.raw_shape is None:
             f.create_dataset("offsets", data=np.array(self._offsets, np.uint64), track_times=False)
         labels = np.array(self._labels, np.int64).reshape(n, self.meta.num_label_columns)
@@ -182,20 +208,97 @@ class Hdf5ShardWriter:
             **self.meta.extra,
         }
         f.attrs["packer"] = json.dumps(meta)
-        f.close()
-        if sync:
-            fsync_path(self.path)
+
+    def _allocated(self) -> int:
+        """Bytes of the file HDF5 may have allocated by now, at most: every chunk of payloads
+        written, uncompressed, and one to spare (the chunk cache holds unwritten ones)."""
+        payloads = self._payloads
+        chunk = int(np.prod(payloads.chunks))  # uint8
+        written = self._written * int(np.prod(payloads.shape[1:]))  # rows (raw) or bytes
+        return (written // chunk + 2) * chunk
 
     def abort(self) -> None:
-        self._file.close()
+        """Release the file, which the caller deletes; libhdf5's flush at close stays in the
+        room held for it."""
+        with contextlib.suppress(Exception):  # an error here would hide the one that matters
+            self._file.close()
+        self._room.close()
 
 
-def _ensure_space(path: Path, nbytes: int) -> None:
-    """Refuse a write the disk cannot take. libhdf5 does not survive a full disk (seen: a
-    segfault in H5Fclose after ENOSPC), so packer checks before handing it the bytes."""
-    free = shutil.disk_usage(path.parent).free
-    if free < nbytes + _SPACE_MARGIN:
-        raise OSError(errno.ENOSPC, f"No space left on device ({free:,} bytes free)", str(path))
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk is full, in any of the ways h5py does: an OSError with
+    errno ENOSPC, or a RuntimeError or errno-less OSError whose message quotes libhdf5's
+    "errno = 28"."""
+    return getattr(e, "errno", None) == errno.ENOSPC or "errno = 28," in str(e)
+
+
+@contextlib.contextmanager
+def _disk_full_named(path: Path) -> Iterator[None]:
+    """Raise libhdf5's word for a full disk as the OSError(ENOSPC) a full disk is elsewhere."""
+    try:
+        yield
+    except (RuntimeError, OSError) as e:
+        if is_disk_full(e):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
+        raise
+
+
+class _Room:
+    """Disk space held for a shard file before libhdf5 writes there. libhdf5 does not survive
+    a full disk: a write or flush that fails leaves its objects to crash the process later
+    (a segfault when Python frees them, seen when another process filled the disk during a
+    pack), and a check of free space before each write loses that race. So the blocks are
+    allocated to the file itself, beyond its end (Linux's fallocate, FALLOC_FL_KEEP_SIZE),
+    before libhdf5 needs them: a full disk then fails here, in Python, and libhdf5's writes
+    land in blocks the file already owns. Those left over are freed at close. Elsewhere, a
+    check of free space, racy as it is."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY)
+        self._held = 0
+
+    def hold(self, nbytes: int) -> None:
+        """Make sure the file owns its first ``nbytes`` bytes, and a margin beyond."""
+        target = nbytes + _SPACE_MARGIN
+        if target <= self._held:
+            return
+        assert self._fd is not None, "hold after close"
+        if _fallocate is None or _fallocate(self._fd, _KEEP_SIZE, 0, target) != 0:
+            failed = ctypes.get_errno() if _fallocate is not None else errno.EOPNOTSUPP
+            free = shutil.disk_usage(self.path.parent).free
+            if failed == errno.ENOSPC or free < target - os.fstat(self._fd).st_size:
+                raise OSError(
+                    errno.ENOSPC, f"No space left on device ({free:,} bytes free)", str(self.path)
+                )
+        self._held = target
+
+    def close(self) -> None:
+        """Free the blocks held past the file's end, and let go of the file."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):  # shrinking to the size frees them everywhere
+            size = os.fstat(self._fd).st_size
+            os.ftruncate(self._fd, size + 1)
+            os.ftruncate(self._fd, size)
+        os.close(self._fd)
+        self._fd = None
+
+
+_KEEP_SIZE = 1  # FALLOC_FL_KEEP_SIZE, <linux/falloc.h>
+
+
+def _libc_fallocate() -> Any:
+    """libc's fallocate(fd, mode, offset, len), or None where there is none (not Linux)."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    return function
+
+
+_fallocate = _libc_fallocate()
 
 
 def _with_chunk_cache(f: h5py.File, name: str) -> h5py.Dataset:
