@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import lmdb
 import numpy as np
 
 from packer import imaging, resizing
@@ -37,8 +38,8 @@ def open_store(path: Path | str, *, images: str | None = None, labels: str | Non
 
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
 # What reading a damaged value or column raises (the PyTables reader turns its own errors,
-# such as a filter it lacks, into OSError).
-DAMAGE = (ValueError, KeyError, TypeError, OSError)
+# such as a filter it lacks, into OSError; LMDB raises its own, e.g. MDB_CORRUPTED).
+DAMAGE = (ValueError, KeyError, TypeError, OSError, lmdb.Error)
 OPEN_SHARDS = 16  # shard readers a Store keeps open at once
 
 

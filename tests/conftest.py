@@ -121,7 +121,10 @@ def rewrite_as_legacy_hdf5(shard: Path) -> None:
         filters = {"compression": f[payload].compression, "chunks": f[payload].chunks}
         if f[payload].compression == "gzip":
             filters["compression_opts"] = f[payload].compression_opts
-        names, meta = f["formats"].attrs["format_names"], f.attrs["packer"]
+        # The attributes as str: h5py writes a str as a variable-length string, as then.
+        names, meta = (
+            bytes(a).decode() for a in (f["formats"].attrs["format_names"], f.attrs["packer"])
+        )
     path_bytes, path_offsets = columns.pop("path_bytes").tobytes(), columns.pop("path_offsets")
     paths = [path_bytes[a:b].decode() for a, b in zip(path_offsets[:-1], path_offsets[1:])]
     values = columns.pop(payload)

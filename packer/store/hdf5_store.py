@@ -15,8 +15,8 @@ Layout of one shard file::
 
 The file is written in HDF5 1.10's format (superblock v3, v2 object headers, extensible-array
 chunk indexes), whose every metadata block carries a checksum, and holds no variable-length
-data: its global heap is the one metadata block HDF5 leaves unchecked, and damage there made
-libhdf5 loop forever. So a damaged shard is an error from libhdf5, never a hang.
+data (paths are bytes with offsets, attributes fixed-length strings): its global heap is the
+one metadata block HDF5 leaves unchecked, and damage there made libhdf5 loop forever. So a damaged shard is an error from libhdf5, never a hang.
 
 Shards packed before this layout (superblock v0, ``/paths`` variable-length UTF-8) still read;
 their metadata has no checksums, so packer checks such a file's hash before libhdf5 parses it
@@ -195,7 +195,7 @@ class Hdf5ShardWriter:
         f.create_dataset(
             "formats", data=np.array([codes[x] for x in self._formats], np.uint8), track_times=False
         )
-        f["formats"].attrs["format_names"] = json.dumps(names)
+        _set_json(f["formats"].attrs, "format_names", names)
         path_offsets = np.cumsum([0, *map(len, paths)], dtype=np.uint64)
         f.create_dataset("path_offsets", data=path_offsets, track_times=False)
         path_bytes = np.frombuffer(b"".join(paths), np.uint8)
@@ -207,7 +207,7 @@ class Hdf5ShardWriter:
             "raw_shape": self.meta.raw_shape,
             **self.meta.extra,
         }
-        f.attrs["packer"] = json.dumps(meta)
+        _set_json(f.attrs, "packer", meta)
 
     def _allocated(self) -> int:
         """Bytes of the file HDF5 may have allocated by now, at most: every chunk of payloads
@@ -223,6 +223,14 @@ class Hdf5ShardWriter:
         with contextlib.suppress(Exception):  # an error here would hide the one that matters
             self._file.close()
         self._room.close()
+
+
+def _set_json(attrs: h5py.AttributeManager, name: str, value: Any) -> None:
+    """An attribute holding ``value`` as JSON, a fixed-length UTF-8 string: it lives in its
+    object's header, under the header's checksum, where a variable-length one (h5py's default
+    for a str) would live in the unchecked global heap."""
+    text = json.dumps(value).encode()
+    attrs.create(name, np.array(text), dtype=h5py.string_dtype("utf-8", len(text)))
 
 
 def is_disk_full(e: BaseException) -> bool:
