@@ -54,6 +54,7 @@ from packer.source import Source, SourceItem, load_source
 from packer.staging import Staging, describe_write_error
 from packer.stats import RecordStats
 from packer.store import backend_for_path, shard_name
+from packer.store.hdf5_store import is_disk_full
 
 __all__ = ["Progress", "PackResult", "pack", "plan_shards"]
 
@@ -164,7 +165,7 @@ def pack(
             staging.release()
         else:
             staging.discard()
-        if isinstance(e, OSError):  # a disk full before the first shard, said as after it
+        if isinstance(e, OSError) and is_disk_full(e):  # before the first shard, as after it
             reason = describe_write_error(e, output.parent, "pack")
             raise StoreError(f"{output}: {reason}; nothing was written") from e
         raise

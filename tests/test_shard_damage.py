@@ -81,3 +81,24 @@ def test_zeroed_bytes_name_the_shard_and_never_hang(
     assert read.returncode == 0, read.stderr
     assert "shard-00001.h5" in read.stdout and len(read.stdout.splitlines()) == 1, read.stdout
     assert time.monotonic() - started < 30
+
+
+def test_zeroed_offsets_and_checksums_are_not_an_empty_record(photos: Path, tmp_path: Path) -> None:
+    """Zeroed /offsets make every payload empty, and zeroed /crc32 then agree with them (the
+    CRC-32 of nothing is 0): the fuzz's one wrong read, until an empty payload became damage."""
+    import h5py
+
+    from packer.access import open_store
+    from packer.errors import CorruptRecordError
+
+    store = tmp_path / "s.h5"
+    pack(photos, store, PackOptions(backend="hdf5", seed=1, shards=1, workers=1))
+    shard = store / "shard-00000.h5"
+    with h5py.File(shard, "r") as f:
+        columns = [(f[n].id.get_offset(), f[n].id.get_storage_size()) for n in ("offsets", "crc32")]
+    with open(shard, "r+b") as f:
+        for offset, size in columns:
+            f.seek(offset)
+            f.write(bytes(size))
+    with open_store(store) as opened, pytest.raises(CorruptRecordError, match="empty payload"):
+        list(opened.indexed_records())

@@ -15,8 +15,9 @@ Layout of one shard file::
 
 The file is written in HDF5 1.10's format (superblock v3, v2 object headers, extensible-array
 chunk indexes), whose every metadata block carries a checksum, and holds no variable-length
-data (paths are bytes with offsets, attributes fixed-length strings): its global heap is the
-one metadata block HDF5 leaves unchecked, and damage there made libhdf5 loop forever. So a damaged shard is an error from libhdf5, never a hang.
+data (paths are bytes with offsets, attributes fixed-length strings): the global heap such
+data lives in is the one metadata block HDF5 leaves unchecked, and damage there made libhdf5
+loop forever. So a damaged shard is an error from libhdf5, never a hang.
 
 Shards packed before this layout (superblock v0, ``/paths`` variable-length UTF-8) still read;
 their metadata has no checksums, so packer checks such a file's hash before libhdf5 parses it
@@ -469,8 +470,9 @@ class Hdf5ShardReader:
             self._small_columns = _Spans(
                 (self._labels, self._crc32, self._shapes, self._formats), SPAN
             )
+            self._legacy_paths = "paths" in f  # packed before the flat layout
             self._paths: _Spans | _FlatPaths  # either gives each path's UTF-8 bytes
-            if "paths" in f:  # packed before the flat layout
+            if self._legacy_paths:
                 self._paths = _Spans((f["paths"],), PATH_SPAN)
             else:
                 self._paths = _FlatPaths(f["path_offsets"], f["path_bytes"])
@@ -482,7 +484,7 @@ class Hdf5ShardReader:
     def _path_columns(self) -> dict[str, tuple[h5py.Dataset, tuple[int, ...]]]:
         """The path datasets of this shard's layout, with the shapes _check_columns wants."""
         f, n = self._file, self._len
-        if "paths" in f:
+        if self._legacy_paths:
             return {"paths": (f["paths"], (n,))}
         return {
             "path_offsets": (f["path_offsets"], (n + 1,)),
