@@ -14,13 +14,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import lmdb
 import numpy as np
 
 from packer import imaging, resizing
 from packer.errors import CorruptRecordError, StoreError, UsageError
-from packer.manifest import Manifest, ShardInfo, Storage, read_manifest
+from packer.manifest import Manifest, ShardInfo, Storage, file_checksum, read_manifest
 from packer.record import Record, checksum
 from packer.store import ShardReader, open_shard_reader
+from packer.store.hdf5_store import checksummed_metadata
 
 __all__ = ["Store", "open_store", "open_manifest", "record_pixels"]
 
@@ -36,8 +38,8 @@ def open_store(path: Path | str, *, images: str | None = None, labels: str | Non
 
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
 # What reading a damaged value or column raises (the PyTables reader turns its own errors,
-# such as a filter it lacks, into OSError).
-DAMAGE = (ValueError, KeyError, TypeError, OSError)
+# such as a filter it lacks, into OSError; LMDB raises its own, e.g. MDB_CORRUPTED).
+DAMAGE = (ValueError, KeyError, TypeError, OSError, lmdb.Error)
 OPEN_SHARDS = 16  # shard readers a Store keeps open at once
 
 
@@ -105,6 +107,34 @@ def _check_shard_file(store: Path, info: ShardInfo) -> None:
         )
 
 
+# HDF5 shards without metadata checksums whose hash this process has checked, by file identity.
+_HASHED: set[tuple[int, int, int, int]] = set()
+
+
+def _check_unprotected_hdf5(store: Path, info: ShardInfo) -> None:
+    """Refuse an HDF5 shard of the layout before checksummed metadata (or one whose first bytes
+    are damaged) unless its hash is the manifest's, before libhdf5 parses it: damaged metadata
+    of that layout can make libhdf5 loop forever. Checked once per file and process; shards
+    packed since are never hashed here."""
+    file = store / info.file
+    try:
+        if checksummed_metadata(file):
+            return
+        st = file.stat()
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if identity in _HASHED:
+            return
+        digest = file_checksum(file, info.algorithm)[1]
+    except OSError as e:
+        raise StoreError(f"{store}: {info.file}: {e.strerror or e}") from e
+    if digest != info.checksum:
+        raise StoreError(
+            f"{store}: {info.file} changed after it was packed ({info.algorithm} mismatch); "
+            "packer inspect --verify names what is damaged"
+        )
+    _HASHED.add(identity)
+
+
 class Store:
     def __init__(
         self, path: Path | str, *, images: str | None = None, labels: str | None = None
@@ -151,6 +181,8 @@ class Store:
             file = self.path / info.file
             if self.manifest.backend != "pytables":
                 _check_shard_file(self.path, info)
+            if self.manifest.backend == "hdf5":
+                _check_unprotected_hdf5(self.path, info)
             try:
                 if self.manifest.backend == "pytables":
                     from packer.store import pytables_store
@@ -282,6 +314,8 @@ class Store:
 
 
 def _damage(record: Record, raw: bool) -> str | None:
+    if not len(record.data):  # no image is empty; and an empty payload's CRC-32 is 0, what
+        return "empty payload"  # zeroed offsets and CRC columns of an HDF5 shard would pass
     if checksum(record.data) != record.crc32:
         return "checksum mismatch"
     h, w, c = record.shape

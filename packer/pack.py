@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from packer import __version__, append, headers, imaging
-from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError
+from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError, StoreError
 from packer.ledger import Ledger, PackIdentity, ShardResult, inputs_digest
 from packer.manifest import Manifest
 from packer.options import PackOptions
@@ -51,9 +51,10 @@ from packer.shard_job import (
 )
 from packer.shuffle import new_seed, permutation
 from packer.source import Source, SourceItem, load_source
-from packer.staging import Staging
+from packer.staging import Staging, describe_write_error
 from packer.stats import RecordStats
 from packer.store import backend_for_path, shard_name
+from packer.store.hdf5_store import is_disk_full
 
 __all__ = ["Progress", "PackResult", "pack", "plan_shards"]
 
@@ -178,12 +179,15 @@ def pack(
         items = [src.items[i] for i in order]
         plan = plan_shards([estimated_bytes(item, options) for item in items], options)
         ledger.begin(identity, seed, len(plan))
-    except BaseException:
+    except BaseException as e:
         # An unfinished pack of other inputs stays for its own command; nothing else does.
         if ledger.saved_plan() is not None:
             staging.release()
         else:
             staging.discard()
+        if isinstance(e, OSError) and is_disk_full(e):  # before the first shard, as after it
+            reason = describe_write_error(e, output.parent, "pack")
+            raise StoreError(f"{output}: {reason}; nothing was written") from e
         raise
 
     shards: list[ShardResult] = []
@@ -544,7 +548,7 @@ def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
         options.num_workers,
         multiprocessing.get_context(method),
         initializer=init_worker,
-        # forkserver's workers are not our children, and do not share our file locks
+        # forkserver's workers are the forkserver's children, which dies with this process
         initargs=(options, 0 if method == "forkserver" else os.getpid()),
     )
     pool.submit(int).result()  # with fork, every worker process is started by the first task

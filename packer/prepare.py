@@ -7,7 +7,6 @@ the file (its shape, format, checksum), so the big bytes are not pickled across 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import warnings
@@ -18,6 +17,7 @@ import numpy as np
 from PIL import Image
 
 from packer import headers, imaging
+from packer.lifeline import die_with_parent
 from packer.options import PackOptions
 from packer.record import checksum
 
@@ -46,7 +46,6 @@ class Rejected(NamedTuple):
 
 
 _options: PackOptions | None = None
-_PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 _PROBE_NICENESS = 10
 
 
@@ -59,7 +58,9 @@ def init_worker(options: PackOptions, parent: int) -> None:
         # Probes need only stay ahead of the writer, which reads and writes every byte: at a
         # lower priority they use the time it leaves, where on two cores they took from it.
         os.nice(_PROBE_NICENESS)
-    _die_with(parent)
+    # A forked worker shares the pack's lock on its staging folder: left running after the
+    # pack is killed, it would hold it forever, and the same command could not resume.
+    die_with_parent(parent)
     # Decoders of broken files chatter: Python warnings, and libtiff writing straight to
     # fd 2. Every failure is reported through the result, so the noise only hides progress.
     warnings.simplefilter("ignore")
@@ -70,22 +71,6 @@ def init_worker(options: PackOptions, parent: int) -> None:
     # to stop parsing early. imaging._open refuses anything over max_pixels itself and words
     # Pillow's error the same way, so the reason always names --max-pixels.
     Image.MAX_IMAGE_PIXELS = options.max_pixels
-
-
-def _die_with(parent: int) -> None:
-    """End this worker when the pack is killed (SIGKILL gives it no chance to stop us): a
-    forked worker shares the pack's lock on its staging folder and would hold it forever,
-    so the same command could not resume. Linux only; elsewhere workers see a broken pipe.
-    ``parent`` 0: not our child (forkserver), nothing to do."""
-    if not parent:
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the pack died before prctl took effect
-        os._exit(1)
 
 
 def prepare_files(paths: list[str]) -> list[Prepared | Rejected]:

@@ -8,7 +8,6 @@ nothing appears under the final name until every shard and the manifest are on d
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -20,6 +19,7 @@ import lmdb
 
 from packer.errors import PackInterrupted, StoreError, StoreExistsError
 from packer.manifest import MANIFEST_NAME, Manifest, fsync_path, write_manifest
+from packer.store.hdf5_store import is_disk_full
 
 __all__ = ["Staging", "partial_path", "describe_write_error"]
 
@@ -122,7 +122,10 @@ class Staging:
             raise PackInterrupted(
                 f"interrupted: nothing was written to {self.final}{note}"
             ) from None
-        except (OSError, lmdb.Error) as e:  # disk full, I/O error, quota: the store's, not a file's
+        except (OSError, lmdb.Error, RuntimeError) as e:  # disk full, I/O error, quota: the store's
+            if isinstance(e, RuntimeError) and not is_disk_full(e):  # h5py's word for ENOSPC
+                self.discard()
+                raise
             note = self._keep_or_discard(kept)
             reason = describe_write_error(e, self.final.parent, action)
             raise StoreError(f"{self.final}: {reason}; nothing was written{note}") from e
@@ -153,7 +156,7 @@ def describe_write_error(e: Exception, folder: Path, action: str) -> str:
     """One line for an error while writing a store; a full disk is named as such, since LMDB
     reports a short write as a plain I/O error (EIO)."""
     free = shutil.disk_usage(folder).free
-    if getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or free < 64 << 20:
+    if is_disk_full(e) or "No space left" in str(e) or free < 64 << 20:
         return f"no space left on device ({free:,} bytes free); free some space and {action} again"
     return str(e)
 

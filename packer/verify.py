@@ -5,10 +5,12 @@ not open, a record that fails its checksum or does not decode each become a ``Pr
 the shard, the record's global index and its original path, and the check goes on. Only a
 manifest that cannot be read raises (``ManifestError``): without it there is nothing to check.
 
-Known limit: a shard whose bytes changed is still read, in this process, to name the records
-the change damaged, and neither LMDB (no page checksums) nor libhdf5 defends against every
-damaged page or metadata block: a single flipped bit there can kill the process (SIGSEGV,
-SIGBUS, or an LMDB assertion's SIGABRT). Only a truncated LMDB file is refused before reading.
+A shard whose bytes changed is read in a child process to name the records the change
+damaged: LMDB has no page checksums, and a single flipped bit in a page can kill the reading
+process (SIGSEGV, SIGBUS, or an assertion's SIGABRT). HDF5 shards carry checksums on all their
+metadata, so damage there is an error; an HDF5 shard of the older layout (no metadata
+checksums, where libhdf5 may loop forever) is not parsed once its hash is wrong. A truncated
+LMDB file is refused before reading.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import bisect
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -32,11 +35,13 @@ import numpy as np
 
 from packer import imaging
 from packer.duplicates import SourceKeys
+from packer.lifeline import die_with_parent
 from packer.manifest import Manifest, ShardInfo, file_checksum, read_manifest
 from packer.options import check_workers, default_workers
 from packer.record import Block, checksum
 from packer.row_checks import rows_intact
 from packer.store import ShardReader, open_shard_reader
+from packer.store.hdf5_store import checksummed_metadata
 
 __all__ = ["Problem", "VerifyReport", "verify_store"]
 
@@ -233,8 +238,15 @@ def _check_file(file: Path, info: ShardInfo, backend: str) -> tuple[bool | None,
     except OSError as e:
         return None, f"cannot read the shard file: {e.strerror or e}"
     if checksum != info.checksum:
+        reason = f"{info.algorithm} mismatch: the file changed after it was packed"
+        if backend == "hdf5" and not checksummed_metadata(file):
+            # Damaged metadata of this layout can make libhdf5 loop forever: not parsed.
+            return (
+                None,
+                f"{reason}; an HDF5 shard of the older layout, without metadata checksums, is not read further (a damaged one can hang libhdf5): pack again to have damaged records named",
+            )
         # Still read (apart): the records say which of them the change damaged.
-        return False, f"{info.algorithm} mismatch: the file changed after it was packed"
+        return False, reason
     return True, None
 
 
@@ -244,7 +256,7 @@ def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:
     assertion's abort: seen in bit-flip sweeps), so here a crash is one more finding."""
     context = multiprocessing.get_context("spawn")  # a clean process, no inherited handles
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_check_in_child, args=(send, job, found.limit))
+    child = context.Process(target=_check_in_child, args=(send, job, found.limit, os.getpid()))
     child.start()
     send.close()
     try:
@@ -267,7 +279,8 @@ def _check_records_apart(job: _ShardCheck, found: _Findings) -> int:
     return int(checked)
 
 
-def _check_in_child(send: Any, job: _ShardCheck, limit: int) -> None:
+def _check_in_child(send: Any, job: _ShardCheck, limit: int, parent: int) -> None:
+    die_with_parent(parent)  # a SIGKILLed inspect must not leave its reader running
     found = _Findings(limit)
     with _decoder_warnings_logged():
         checked = _check_records(job, found, lambda done: None)

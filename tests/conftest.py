@@ -137,3 +137,43 @@ def assert_one_line_error(
     for name in names:
         assert str(name) in lines[0], (name, lines[0])
     return lines[0]
+
+
+def rewrite_as_legacy_hdf5(shard: Path) -> None:
+    """Rewrite a packer HDF5 shard as packer wrote it before its metadata carried checksums:
+    h5py's default file format (superblock v0) and ``/paths`` as variable-length UTF-8 strings
+    in HDF5's global heap, the datasets created in the order that writer created them."""
+    import h5py
+
+    with h5py.File(shard, "r") as f:
+        columns = {name: f[name][()] for name in f}
+        payload = "images" if "images" in f else "data"
+        filters = {"compression": f[payload].compression, "chunks": f[payload].chunks}
+        if f[payload].compression == "gzip":
+            filters["compression_opts"] = f[payload].compression_opts
+        # The attributes as str: h5py writes a str as a variable-length string, as then.
+        names, meta = (
+            bytes(a).decode() for a in (f["formats"].attrs["format_names"], f.attrs["packer"])
+        )
+    path_bytes, path_offsets = columns.pop("path_bytes").tobytes(), columns.pop("path_offsets")
+    paths = [path_bytes[a:b].decode() for a, b in zip(path_offsets[:-1], path_offsets[1:])]
+    values = columns.pop(payload)
+    with h5py.File(shard, "w", track_order=False) as f:
+        extensible = (None, *values.shape[1:])
+        written = f.create_dataset(
+            payload,
+            (0, *values.shape[1:]),
+            np.uint8,
+            maxshape=extensible,
+            track_times=False,
+            fill_time="never",
+            **filters,
+        )
+        written.resize(values.shape)
+        written[...] = values
+        for name in ("offsets", "labels", "crc32", "shapes", "formats"):
+            if name in columns:
+                f.create_dataset(name, data=columns[name], track_times=False)
+        f["formats"].attrs["format_names"] = names
+        f.create_dataset("paths", data=paths, dtype=h5py.string_dtype("utf-8"), track_times=False)
+        f.attrs["packer"] = meta

@@ -9,8 +9,19 @@ Layout of one shard file::
     /crc32     uint32 (n,)
     /shapes    int32 (n, 3)                   upright height, width, channels
     /formats   uint8 (n,)                     index into the attribute format_names
-    /paths     variable-length UTF-8 (n,)     original relative path
+    /path_bytes    uint8 (total path bytes,)  every original relative path, UTF-8, back to back
+    /path_offsets  uint64 (n + 1,)            path i is path_bytes[path_offsets[i]:path_offsets[i+1]]
     attribute "packer" on the root            the shard's own metadata, as JSON
+
+The file is written in HDF5 1.10's format (superblock v3, v2 object headers, extensible-array
+chunk indexes), whose every metadata block carries a checksum, and holds no variable-length
+data (paths are bytes with offsets, attributes fixed-length strings): the global heap such
+data lives in is the one metadata block HDF5 leaves unchecked, and damage there made libhdf5
+loop forever. So a damaged shard is an error from libhdf5, never a hang.
+
+Shards packed before this layout (superblock v0, ``/paths`` variable-length UTF-8) still read;
+their metadata has no checksums, so packer checks such a file's hash before libhdf5 parses it
+(``checksummed_metadata``; ``packer.access``).
 
 One flat byte dataset plus offsets, not a vlen dataset: a range of records is then one
 contiguous slice, read in one call and split without copying (scripts/bench_hdf5_layout.py
@@ -19,9 +30,13 @@ measures the two).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +47,28 @@ from packer.manifest import fsync_path
 from packer.record import Block, Record
 from packer.store.base import Fetched, ShardMeta, merge_ranges
 
-__all__ = ["Hdf5ShardWriter", "Hdf5ShardReader", "SPAN", "PATH_SPAN"]
+__all__ = [
+    "Hdf5ShardWriter",
+    "Hdf5ShardReader",
+    "SPAN",
+    "PATH_SPAN",
+    "checksummed_metadata",
+    "is_disk_full",
+]
 
 # HDF5 chunk of the payload dataset: 16 MiB reads fastest (2.4x a vlen dataset, and on par
 # with a contiguous one; scripts/bench_hdf5_layout.py), smaller for a small shard, whose last
 # chunk would otherwise be mostly empty space.
 _MAX_CHUNK_BYTES = 16 << 20
 _MIN_CHUNK_BYTES = 64 << 10
-_SPACE_MARGIN = 8 << 20  # room kept for HDF5's own metadata when checking free space
+_SPACE_MARGIN = 8 << 20  # room held beyond the payloads for HDF5's metadata and caches
 # Payload bytes buffered in memory between writes. 16 MB writes made a warm header pack's
 # CPU jump from run to run (0.42-0.77 s, the pack 0.25-0.59 s; four bench runs of four), 2 MB
 # ones did not (0.37-0.47 s, 0.23-0.29 s); 1 and 4 MB were in between.
 _FLUSH_BYTES = 2 << 20
+# Files readable by HDF5 1.10 and later, in the formats whose metadata carries checksums.
+_LIBVER = ("v110", "v110")
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _COMPRESSION: dict[str | None, dict[str, Any]] = {
     None: {},
     "gzip": {"compression": "gzip", "compression_opts": 4},
@@ -59,7 +84,13 @@ class Hdf5ShardWriter:
             raise ValueError(f"unknown HDF5 compression {meta.compression!r}; use gzip or lzf")
         self.path = path
         self.meta = meta
-        self._file = h5py.File(path, "w", track_order=False)
+        self._file = h5py.File(path, "w", track_order=False, libver=_LIBVER)
+        self._room = _Room(path)
+        try:
+            self._room.hold(0)  # the margin: libhdf5 flushes metadata even when aborted
+        except OSError:
+            self.abort()
+            raise
         # fill_time="never": no zero-fill of a chunk before it is written (3x faster writes).
         filters = {**_COMPRESSION[meta.compression], "fill_time": "never"}
         expected_bytes = expected_bytes or _MAX_CHUNK_BYTES * 8  # unknown: full-size chunks
@@ -125,23 +156,33 @@ class Hdf5ShardWriter:
 
     def _write(self, payloads: np.ndarray) -> None:
         """Append ``payloads`` (whole records' bytes, back to back) to the payload dataset."""
-        _ensure_space(self.path, len(payloads))
+        self._room.hold(self._allocated() + len(payloads))
         if self.meta.raw_shape is not None:
             payloads = payloads.reshape(-1, *self.meta.raw_shape)
         # h5py's own calls: its slicing (resize, then assign) cost ~65 us more a write, ~7 ms
         # of the 108 writes of 2 MB that a 216 MB pack makes.
         dataset, start, stop = self._payloads.id, self._written, self._written + len(payloads)
-        dataset.set_extent((stop, *payloads.shape[1:]))
-        space = dataset.get_space()
-        space.select_hyperslab((start,) + (0,) * (payloads.ndim - 1), payloads.shape)
-        dataset.write(h5py.h5s.create_simple(payloads.shape), space, payloads)
+        with _disk_full_named(self.path):
+            dataset.set_extent((stop, *payloads.shape[1:]))
+            space = dataset.get_space()
+            space.select_hyperslab((start,) + (0,) * (payloads.ndim - 1), payloads.shape)
+            dataset.write(h5py.h5s.create_simple(payloads.shape), space, payloads)
         self._written = stop
 
     def close(self, sync: bool = True) -> None:
         self._flush()
-        n = len(self._paths)
-        _ensure_space(self.path, n * 64 + sum(len(p) for p in self._paths))
-        f = self._file
+        paths = [p.encode() for p in self._paths]
+        self._room.hold(self._allocated() + len(paths) * 64 + sum(map(len, paths)))
+        with _disk_full_named(self.path):
+            self._write_columns(paths)
+            self._file.close()
+        self._room.close()
+        if sync:
+            fsync_path(self.path)
+
+    def _write_columns(self, paths: list[bytes]) -> None:
+        """Every column but the payloads, and the shard's own metadata."""
+        f, n = self._file, len(paths)
         if self.meta.raw_shape is None:
             f.create_dataset("offsets", data=np.array(self._offsets, np.uint64), track_times=False)
         labels = np.array(self._labels, np.int64).reshape(n, self.meta.num_label_columns)
@@ -155,10 +196,11 @@ class Hdf5ShardWriter:
         f.create_dataset(
             "formats", data=np.array([codes[x] for x in self._formats], np.uint8), track_times=False
         )
-        f["formats"].attrs["format_names"] = json.dumps(names)
-        f.create_dataset(
-            "paths", data=self._paths, dtype=h5py.string_dtype("utf-8"), track_times=False
-        )
+        _set_json(f["formats"].attrs, "format_names", names)
+        path_offsets = np.cumsum([0, *map(len, paths)], dtype=np.uint64)
+        f.create_dataset("path_offsets", data=path_offsets, track_times=False)
+        path_bytes = np.frombuffer(b"".join(paths), np.uint8)
+        f.create_dataset("path_bytes", data=path_bytes, track_times=False)
         meta = {
             "index": self.meta.index,
             "num_records": n,
@@ -166,21 +208,106 @@ class Hdf5ShardWriter:
             "raw_shape": self.meta.raw_shape,
             **self.meta.extra,
         }
-        f.attrs["packer"] = json.dumps(meta)
-        f.close()
-        if sync:
-            fsync_path(self.path)
+        _set_json(f.attrs, "packer", meta)
+
+    def _allocated(self) -> int:
+        """Bytes of the file HDF5 may have allocated by now, at most: every chunk of payloads
+        written, uncompressed, and one to spare (the chunk cache holds unwritten ones)."""
+        payloads = self._payloads
+        chunk = int(np.prod(payloads.chunks))  # uint8
+        written = self._written * int(np.prod(payloads.shape[1:]))  # rows (raw) or bytes
+        return (written // chunk + 2) * chunk
 
     def abort(self) -> None:
-        self._file.close()
+        """Release the file, which the caller deletes; libhdf5's flush at close stays in the
+        room held for it."""
+        with contextlib.suppress(Exception):  # an error here would hide the one that matters
+            self._file.close()
+        self._room.close()
 
 
-def _ensure_space(path: Path, nbytes: int) -> None:
-    """Refuse a write the disk cannot take. libhdf5 does not survive a full disk (seen: a
-    segfault in H5Fclose after ENOSPC), so packer checks before handing it the bytes."""
-    free = shutil.disk_usage(path.parent).free
-    if free < nbytes + _SPACE_MARGIN:
-        raise OSError(errno.ENOSPC, f"No space left on device ({free:,} bytes free)", str(path))
+def _set_json(attrs: h5py.AttributeManager, name: str, value: Any) -> None:
+    """An attribute holding ``value`` as JSON, a fixed-length UTF-8 string: it lives in its
+    object's header, under the header's checksum, where a variable-length one (h5py's default
+    for a str) would live in the unchecked global heap."""
+    text = json.dumps(value).encode()
+    attrs.create(name, np.array(text), dtype=h5py.string_dtype("utf-8", len(text)))
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk is full, in any of the ways h5py does: an OSError with
+    errno ENOSPC, or a RuntimeError or errno-less OSError whose message quotes libhdf5's
+    "errno = 28"."""
+    return getattr(e, "errno", None) == errno.ENOSPC or "errno = 28," in str(e)
+
+
+@contextlib.contextmanager
+def _disk_full_named(path: Path) -> Iterator[None]:
+    """Raise libhdf5's word for a full disk as the OSError(ENOSPC) a full disk is elsewhere."""
+    try:
+        yield
+    except (RuntimeError, OSError) as e:
+        if is_disk_full(e):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
+        raise
+
+
+class _Room:
+    """Disk space held for a shard file before libhdf5 writes there. libhdf5 does not survive
+    a full disk: a write or flush that fails leaves its objects to crash the process later
+    (a segfault when Python frees them, seen when another process filled the disk during a
+    pack), and a check of free space before each write loses that race. So the blocks are
+    allocated to the file itself, beyond its end (Linux's fallocate, FALLOC_FL_KEEP_SIZE),
+    before libhdf5 needs them: a full disk then fails here, in Python, and libhdf5's writes
+    land in blocks the file already owns. Those left over are freed at close. Elsewhere, a
+    check of free space, racy as it is."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY)
+        self._held = 0
+
+    def hold(self, nbytes: int) -> None:
+        """Make sure the file owns its first ``nbytes`` bytes, and a margin beyond."""
+        target = nbytes + _SPACE_MARGIN
+        if target <= self._held:
+            return
+        assert self._fd is not None, "hold after close"
+        if _fallocate is None or _fallocate(self._fd, _KEEP_SIZE, 0, target) != 0:
+            failed = ctypes.get_errno() if _fallocate is not None else errno.EOPNOTSUPP
+            free = shutil.disk_usage(self.path.parent).free
+            if failed == errno.ENOSPC or free < target - os.fstat(self._fd).st_size:
+                raise OSError(
+                    errno.ENOSPC, f"No space left on device ({free:,} bytes free)", str(self.path)
+                )
+        self._held = target
+
+    def close(self) -> None:
+        """Free the blocks held past the file's end, and let go of the file."""
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):  # shrinking to the size frees them everywhere
+            size = os.fstat(self._fd).st_size
+            os.ftruncate(self._fd, size + 1)
+            os.ftruncate(self._fd, size)
+        os.close(self._fd)
+        self._fd = None
+
+
+_KEEP_SIZE = 1  # FALLOC_FL_KEEP_SIZE, <linux/falloc.h>
+
+
+def _libc_fallocate() -> Any:
+    """libc's fallocate(fd, mode, offset, len), or None where there is none (not Linux)."""
+    try:
+        function = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    return function
+
+
+_fallocate = _libc_fallocate()
 
 
 def _with_chunk_cache(f: h5py.File, name: str) -> h5py.Dataset:
@@ -267,6 +394,35 @@ class _ChunkMap:
         return (min(a for a, _ in placed), max(b for _, b in placed)) if placed else (0, 0)
 
 
+class _FlatPaths:
+    """Paths of the flat layout, as _Spans returns a column's: offsets read by span, then the
+    bytes of a block's paths in one slice."""
+
+    def __init__(self, offsets: h5py.Dataset, data: h5py.Dataset) -> None:
+        self._offsets, self._data = _Spans((offsets,), SPAN), data
+
+    def read(self, start: int, stop: int) -> tuple[list[bytes]]:
+        (offsets,) = self._offsets.read(start, stop + 1)
+        bounds = offsets.astype(np.int64)
+        if bounds[0] < 0 or bounds[-1] > len(self._data) or np.any(np.diff(bounds) < 0):
+            raise ValueError(
+                f"the path offsets of records {start}..{stop - 1} are damaged "
+                f"(they leave the {len(self._data):,} path bytes)"
+            )
+        data = self._data[bounds[0] : bounds[-1]].tobytes()
+        cuts = (bounds - bounds[0]).tolist()
+        return ([data[a:b] for a, b in zip(cuts[:-1], cuts[1:])],)
+
+
+def checksummed_metadata(path: Path) -> bool:
+    """Whether the HDF5 file at ``path`` is in a format whose metadata carries checksums
+    (superblock v2 or later), read from its first bytes before libhdf5 parses anything.
+    Packer's own shards start with the superblock (no user block)."""
+    with open(path, "rb") as f:
+        head = f.read(len(_SIGNATURE) + 1)
+    return head[:-1] == _SIGNATURE and head[-1] >= 2
+
+
 def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
     """Refuse (ValueError) columns of the wrong length, type or size, before any read."""
     n, payload = reader._len, reader._payload
@@ -275,7 +431,7 @@ def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
         "crc32": (reader._crc32, (n,)),
         "shapes": (reader._shapes, (n, 3)),
         "formats": (reader._formats, (n,)),
-        "paths": (reader._path_strings, (n,)),
+        **reader._path_columns(),
         **({"images": (payload, (n, -1, -1, -1))} if reader._raw else {"data": (payload, (-1,))}),
         **({"offsets": (reader._offsets, (n + 1,))} if reader._offsets is not None else {}),
     }
@@ -343,12 +499,17 @@ class Hdf5ShardReader:
             # shard stays cheap when a reader hops among many shards (a Store keeps a few open).
             self._offsets = None if self._raw else f["offsets"]
             self._labels, self._crc32, self._shapes = f["labels"], f["crc32"], f["shapes"]
-            self._formats, self._path_strings = f["formats"], f["paths"]
+            self._formats = f["formats"]
             self._format_names: list[str] = json.loads(self._formats.attrs["format_names"])
             self._small_columns = _Spans(
                 (self._labels, self._crc32, self._shapes, self._formats), SPAN
             )
-            self._paths = _Spans((self._path_strings,), PATH_SPAN)  # UTF-8 bytes
+            self._legacy_paths = "paths" in f  # packed before the flat layout
+            self._paths: _Spans | _FlatPaths  # either gives each path's UTF-8 bytes
+            if self._legacy_paths:
+                self._paths = _Spans((f["paths"],), PATH_SPAN)
+            else:
+                self._paths = _FlatPaths(f["path_offsets"], f["path_bytes"])
             self._file_bytes = path.stat().st_size
             _check_columns(self, self._file_bytes)
             # Compressed chunks are read and inflated by HDF5: they are read ahead whole.
@@ -360,6 +521,16 @@ class Hdf5ShardReader:
         except (KeyError, ValueError, TypeError, OSError) as e:
             f.close()
             raise ValueError(f"{path}: damaged packer shard: {e}") from e
+
+    def _path_columns(self) -> dict[str, tuple[h5py.Dataset, tuple[int, ...]]]:
+        """The path datasets of this shard's layout, with the shapes _check_columns wants."""
+        f, n = self._file, self._len
+        if self._legacy_paths:
+            return {"paths": (f["paths"], (n,))}
+        return {
+            "path_offsets": (f["path_offsets"], (n + 1,)),
+            "path_bytes": (f["path_bytes"], (-1,)),
+        }
 
     def __len__(self) -> int:
         return self._len
