@@ -14,10 +14,12 @@ Then, for each profile (hdd, nas, cloud), memory capped at half the store:
   limit       the shard files read front to back in 1 MB reads (as `cat` reads them)
   raw         packer's reader, default options, decode=False, three epochs: every epoch's
               time against the limit's (goal: >= 0.9 each epoch, both backends)
-  decoded     the same, decoding (goal: >= 0.9 x min(limit, decode limit)); the decode
-              limit: the reader's decode pool over the same store, warm and unthrottled
-  DataLoader  a torch DataLoader over the folder (workers = cores, Pillow decode, shuffled)
-              and the plain one-by-one Pillow loop, each for --baseline-seconds (a rate)
+  decoded     the same, decoding to 224x224 (size=, as for training; goal: >= 0.9 x
+              min(limit, decode limit)); the decode limit: the same reader over the same
+              store, warm and unthrottled
+  DataLoader  a torch DataLoader over the folder (workers = cores, Pillow decode and resize
+              to 224x224, shuffled) and the plain one-by-one Pillow loop doing the same, each
+              for --baseline-seconds (a rate)
   pack        (hdd only) packing the small folder against reading its files once in path
               order (goal: >= 0.9)
 
@@ -50,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT.parent / "shared" / "tools" / "slow-storage"
 MOUNT = Path("/mnt/packer-bench")
 BATCH, SEED, EPOCHS = 256, 0, 3
+SIZE = (224, 224)  # decoded images are resized to what a model trains on, as in training
 PROFILES = ("hdd", "nas", "cloud")
 RAW_GOAL = DECODED_GOAL = PACK_GOAL = 0.9
 LOADER_GOAL = 15.0
@@ -138,7 +141,8 @@ def case_reader(store: Path, decode: bool, epochs: int) -> dict[str, Any]:
     from packer import open_reader
 
     times = []
-    with open_reader(store, batch_size=BATCH, seed=SEED, decode=decode) as reader:
+    size = SIZE if decode else None
+    with open_reader(store, batch_size=BATCH, seed=SEED, decode=decode, size=size) as reader:
         for epoch in range(epochs):
             started = time.perf_counter()
             images = sum(len(labels) for _, labels in reader.epoch(epoch))
@@ -153,13 +157,10 @@ def _files(folder: Path) -> list[Path]:
 
 
 def case_loop(folder: Path, seconds: float) -> dict[str, Any]:
-    """The plain loop: each file opened and decoded by Pillow, one by one, shuffled."""
-    from PIL import Image
-
+    """The plain loop: each file opened, decoded and resized by Pillow, one by one, shuffled."""
     started, images = time.perf_counter(), 0
     for file in _files(folder):
-        with Image.open(file) as im:
-            np.asarray(im.convert("RGB"))
+        _decoded(file)
         images += 1
         if time.perf_counter() - started >= seconds:
             break
@@ -168,7 +169,6 @@ def case_loop(folder: Path, seconds: float) -> dict[str, Any]:
 
 def case_dataloader(folder: Path, seconds: float) -> dict[str, Any]:
     import torch
-    from PIL import Image
     from torch.utils.data import DataLoader, Dataset
 
     files = _files(folder)
@@ -178,8 +178,7 @@ def case_dataloader(folder: Path, seconds: float) -> dict[str, Any]:
             return len(files)
 
         def __getitem__(self, i: int) -> torch.Tensor:
-            with Image.open(files[i]) as im:
-                return torch.from_numpy(np.array(im.convert("RGB")))
+            return torch.from_numpy(_decoded(files[i]))
 
     loader = DataLoader(
         Photos(), batch_size=1, num_workers=os.cpu_count() or 1, collate_fn=lambda b: b
@@ -190,6 +189,14 @@ def case_dataloader(folder: Path, seconds: float) -> dict[str, Any]:
         if time.perf_counter() - started >= seconds:
             break
     return {"images": images, "seconds": time.perf_counter() - started}
+
+
+def _decoded(file: Path) -> np.ndarray:
+    """A file decoded to RGB and resized to SIZE by Pillow, as a folder dataset does."""
+    from PIL import Image
+
+    with Image.open(file) as im:
+        return np.array(im.convert("RGB").resize(SIZE[::-1], Image.Resampling.BILINEAR))
 
 
 def case_path_order(folder: Path) -> dict[str, Any]:
@@ -309,7 +316,7 @@ def render(report: dict[str, Any], command: str) -> str:
         "same run; higher is better.",
         "",
         "| profile | store | limit: files read in order | raw epochs (decode=False), x limit "
-        "| decoded epochs, images/s | decoded, x min(limit, decode) |",
+        "| decoded epochs (224x224), images/s | decoded, x min(limit, decode) |",
         "|---|---|---|---|---|---|",
     ]
     decode_limit = report["decode_limit"]
@@ -333,7 +340,7 @@ def render(report: dict[str, Any], command: str) -> str:
             )
     lines += [
         "",
-        f"Decode limit (the reader's decode pool on {os.cpu_count()} cores, warm, unthrottled): "
+        f"Decode limit (the reader decoding to 224x224 on {os.cpu_count()} cores, warm, unthrottled): "
         f"{decode_limit:,.0f} images/s.",
         "",
         "| profile | one-by-one Pillow loop | DataLoader over the folder "

@@ -1,0 +1,210 @@
+"""Reading ahead: the bytes a reader takes from the read-ahead thread are the bytes of the
+records it names, on every path (LMDB values with recorded places, LMDB values without, HDF5
+flat and raw payloads, compressed HDF5), and an epoch read with it is the epoch read without.
+How fast it reads is measured in scripts/bench_storage.py, not here."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import lmdb
+import msgpack
+import numpy as np
+import pytest
+from conftest import write_image
+
+from packer import PackOptions, open_reader, open_store, pack, readahead
+from packer.epoch import chunk_spans
+from packer.errors import CorruptRecordError
+from packer.readahead import ReadAhead
+from packer.record import unpack_value
+from packer.store.base import Fetched
+from packer.store.lmdb_store import META_KEY, PLACES
+
+BIG = (80, 64)  # noise JPEGs and PNGs of 4-16 KB: LMDB keeps each value on pages of its own
+SMALL = (6, 5)  # ~200 B: LMDB keeps values inside its tree's pages
+
+
+def _folder(root: Path, size: tuple[int, int], count: int = 90) -> Path:
+    for i in range(count):
+        ext = ".png" if i % 3 else ".jpg"
+        write_image(root / f"c{i % 3}" / f"{i:03d}{ext}", size=size, seed=i)
+    return root
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("readahead")
+    big, small = _folder(tmp / "big", BIG), _folder(tmp / "small", SMALL)
+    made = {
+        "lmdb": (big, {"backend": "lmdb"}),
+        "lmdb-small": (small, {"backend": "lmdb"}),
+        "hdf5": (big, {"backend": "hdf5"}),
+        "hdf5-gzip": (big, {"backend": "hdf5", "compression": "gzip"}),
+        "hdf5-raw": (big, {"backend": "hdf5", "raw": True, "size": (16, 16)}),
+        "lmdb-raw": (big, {"backend": "lmdb", "raw": True, "size": (32, 32)}),
+    }
+    out = {}
+    for name, (source, options) in made.items():
+        out[name] = tmp / f"{name}.{'lmdb' if options['backend'] == 'lmdb' else 'h5'}"
+        pack(source, out[name], PackOptions(seed=5, shards=2, workers=1, **options))  # type: ignore[arg-type]
+    return out
+
+
+def _epochs(store: Path, epochs: int = 2, **options: object) -> list[tuple[bytes, list[int], list[str]]]:
+    """Every batch of ``epochs`` epochs: its images' bytes, labels and paths."""
+    out = []
+    with open_reader(store, batch_size=7, seed=1, chunk_size=9, with_paths=True, **options) as r:
+        for epoch in range(epochs):
+            for images, labels, paths in r.epoch(epoch):
+                flat = b"".join(bytes(i) for i in images) if isinstance(images, list) else images.tobytes()
+                out.append((flat, labels.tolist(), list(paths)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["lmdb", "lmdb-small", "hdf5", "hdf5-gzip", "hdf5-raw", "lmdb-raw"])
+@pytest.mark.parametrize("decode", [True, False])
+def test_an_epoch_read_ahead_is_the_epoch_read_without(
+    stores: dict[str, Path], name: str, decode: bool
+) -> None:
+    store = stores[name]
+    if name.endswith("raw") and not decode:
+        pytest.skip("raw pixels are the same either way")
+    without = _epochs(store, read_ahead=0, decode=decode)
+    for depth in (1, 2, 5):
+        assert _epochs(store, read_ahead=depth, decode=decode) == without
+    # Buffers of other sizes, a rank's share and a resumed epoch take other spans ahead.
+    assert _epochs(store, read_ahead=3, decode=decode, buffer_chunks=3) == _epochs(
+        store, read_ahead=0, decode=decode, buffer_chunks=3
+    )
+    shares = [_epochs(store, 1, read_ahead=2, rank=r, world_size=2, decode=decode) for r in (0, 1)]
+    assert shares == [_epochs(store, 1, read_ahead=0, rank=r, world_size=2, decode=decode) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("name", ["lmdb", "hdf5", "hdf5-raw", "lmdb-raw", "lmdb-small", "hdf5-gzip"])
+def test_every_span_is_fetched_where_its_bytes_can_be_told(stores: dict[str, Path], name: str) -> None:
+    """Stores whose payloads' places are known are read ahead whole, and the shard readers
+    take the payloads from those bytes; compressed HDF5 chunks are read ahead whole, for
+    HDF5 to inflate from the page cache. Values inside LMDB's tree pages (they move) are
+    left to the reads proper, which the epoch test shows still right."""
+    store = stores[name]
+    with open_store(store) as s:
+        spans = chunk_spans([info.num_records for info in s.manifest.shards], 9)
+        ahead = ReadAhead(store, spans, depth=2)
+        try:
+            fetched = [ahead.take(i) for i in range(len(spans))]
+        finally:
+            ahead.close()
+        if name == "lmdb-small":
+            assert all(f is None for f in fetched)
+            return
+        assert all(f is not None for f in fetched)
+        for span, got in zip(spans, fetched):
+            shard = s.shard(span.shard)
+            payload = sum(len(bytes(d)) for d in shard.read_block(span.start, span.stop).data)
+            assert got is not None and (got.nbytes >= payload or name == "hdf5-gzip")
+            taken = shard.read_block(span.start, span.stop, None, got)
+            plain = shard.read_block(span.start, span.stop)
+            assert taken.paths == plain.paths and np.array_equal(taken.labels, plain.labels)
+            assert [bytes(a) for a in taken.data] == [bytes(b) for b in plain.data]
+
+
+@pytest.mark.parametrize("name", ["lmdb", "hdf5", "hdf5-raw"])
+def test_payloads_are_taken_from_the_fetched_bytes(stores: dict[str, Path], name: str) -> None:
+    """Not read again: a byte changed in the fetched copy shows in the record read with it
+    (and only there), at the place the shard reader computed."""
+    with open_store(stores[name]) as s:
+        spans = chunk_spans([info.num_records for info in s.manifest.shards], 9)
+        ahead = ReadAhead(stores[name], spans[:1], depth=1)
+        got = ahead.take(0)
+        ahead.close()
+        assert got is not None
+        span = spans[0]
+        shard = s.shard(span.shard)
+        plain = [bytes(d) for d in shard.read_block(span.start, span.stop).data]
+        offset, data = got.ranges[0]
+        changed = bytearray(data)
+        at = len(changed) // 2
+        changed[at] ^= 0xFF
+        taken = shard.read_block(span.start, span.stop, None, Fetched([(offset, memoryview(changed))]))
+        differ = [i for i, (a, b) in enumerate(zip(plain, map(bytes, taken.data))) if a != b]
+        assert len(differ) == 1, differ
+
+
+def test_lmdb_value_places_are_where_the_values_are(stores: dict[str, Path]) -> None:
+    """The places a pack records are checked against the file's own bytes: each (offset,
+    length) holds the LMDB value that a cursor returns for that record."""
+    shard = next(stores["lmdb"].glob("shard-*.lmdb"))
+    data = shard.read_bytes()
+    env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        meta = msgpack.unpackb(txn.get(META_KEY))
+        places = np.frombuffer(meta[PLACES], "<u8").reshape(-1, 2)
+        assert len(places) == meta["num_records"] > 0
+        for index, (offset, length) in enumerate(places.tolist()):
+            value = txn.get(b"%010d" % index)
+            assert data[offset : offset + length] == value
+            assert unpack_value(value).path  # a real record, not just equal bytes
+    env.close()
+    small = next(stores["lmdb-small"].glob("shard-*.lmdb"))
+    env = lmdb.open(str(small), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:  # values inside tree pages move: no places recorded
+        assert PLACES not in msgpack.unpackb(txn.get(META_KEY))
+    env.close()
+
+
+def test_a_store_larger_than_memory_is_dropped_from_the_cache_as_it_is_read(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With less memory than the store, fetched bytes leave the page cache once copied;
+    the epoch is the same."""
+    expected = _epochs(stores["lmdb"], read_ahead=0)
+    monkeypatch.setattr(readahead, "memory_for_cache", lambda: 1)
+    ahead = ReadAhead(stores["lmdb"], [], depth=1)
+    assert ahead._uncached  # the policy the reader's own read-ahead took
+    ahead.close()
+    assert _epochs(stores["lmdb"], read_ahead=2) == expected
+
+
+def test_memory_for_cache_is_what_this_machine_has() -> None:
+    available = readahead.memory_for_cache()
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.is_file():
+        pytest.skip("no /proc/meminfo here")
+    total = int(meminfo.read_text().split("MemTotal:")[1].split()[0]) << 10
+    assert 0 < available <= total
+
+
+def test_a_damaged_value_read_ahead_is_named(tmp_path: Path) -> None:
+    """A byte flipped in a payload is reported naming the record, read ahead or not."""
+    source = _folder(tmp_path / "src", BIG, count=20)
+    store = tmp_path / "s.lmdb"
+    pack(source, store, PackOptions(seed=0, workers=1))
+    with open_store(store) as s:
+        victim = s.record(7, verify=False)
+        middle = len(victim.data) // 2
+        target = bytes(victim.data[middle : middle + 8])
+    shard = next(store.glob("shard-*.lmdb"))
+    data = bytearray(shard.read_bytes())
+    at = data.find(target)
+    assert at > 0 and data.find(target, at + 1) == -1
+    data[at] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    for depth in (0, 2):
+        with (
+            open_reader(store, batch_size=4, read_ahead=depth) as reader,
+            pytest.raises(CorruptRecordError, match=victim.path),
+        ):
+            for _ in reader.epoch(0):
+                pass
+
+
+def test_the_read_ahead_thread_ends_with_its_epoch(stores: dict[str, Path]) -> None:
+    with open_reader(stores["hdf5"], batch_size=5, read_ahead=2) as reader:
+        for _ in zip(range(2), reader.epoch(0)):
+            pass  # an epoch left early
+        for _ in reader.epoch(1):
+            pass
+    names = [t.name for t in threading.enumerate()]
+    assert "packer-read-ahead" not in names, names
