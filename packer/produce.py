@@ -151,7 +151,9 @@ class Producer:
         if not self.options.shuffle:
             return np.arange(size)
         rank, world, worker, workers = self.parts
-        return plan.window_order(size, (self.options.seed, epoch, rank, world, worker, workers), index)
+        return plan.window_order(
+            size, (self.options.seed, epoch, rank, world, worker, workers), index
+        )
 
     def record_order(self, epoch: int) -> np.ndarray:
         """Global indices of the records this reader yields in ``epoch``, in order; no I/O."""

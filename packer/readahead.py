@@ -161,7 +161,9 @@ def _read(fds: _Descriptors, offset: int, length: int) -> memoryview | None:
     tail = max(0, length - fds.tail)
     while done < length:
         fd = fds.sequential if done < tail else fds.exact
-        n = os.preadv(fd, [view[done : min(done + _STEP, length if done >= tail else tail)]], offset + done)
+        n = os.preadv(
+            fd, [view[done : min(done + _STEP, length if done >= tail else tail)]], offset + done
+        )
         if n <= 0:
             return None
         done += n

@@ -98,7 +98,9 @@ class ReaderOptions:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
         if not isinstance(self.read_ahead, int) or self.read_ahead < 0:
-            raise UsageError(f"read_ahead must be a whole number of chunks, not {self.read_ahead!r}")
+            raise UsageError(
+                f"read_ahead must be a whole number of chunks, not {self.read_ahead!r}"
+            )
         choices = {
             "on_error": ("raise", "skip"),
             "output": ("numpy", "torch"),

@@ -167,7 +167,9 @@ def print_look(action: str, result: Any) -> None:
                 f"{'' if part['complete'] else ', cut short'})"
             )
         if not result["cold"]:
-            echo("the page cache could not be dropped: these are figures of memory, not of the device")
+            echo(
+                "the page cache could not be dropped: these are figures of memory, not of the device"
+            )
         echo(result["verdict"])
         fast = result["accelerators"]
         echo(f"JPEGs decoded by {fast['jpeg']}; CRC-32 by {fast['crc32']}")

@@ -291,7 +291,12 @@ def measure(args: argparse.Namespace, paths: dict[str, Path]) -> dict[str, Any]:
         if profile == "hdd":
             rows["path-order"] = run_case(tool, profile, memory, "path-order", paths["small"])
             rows["pack"] = run_case(
-                tool, profile, memory, "pack", paths["small"], out=paths["small"].with_suffix(".lmdb")
+                tool,
+                profile,
+                memory,
+                "pack",
+                paths["small"],
+                out=paths["small"].with_suffix(".lmdb"),
             )
         report["profiles"][profile] = rows
     return report

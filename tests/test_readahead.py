@@ -52,18 +52,26 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _epochs(store: Path, epochs: int = 2, **options: object) -> list[tuple[bytes, list[int], list[str]]]:
+def _epochs(
+    store: Path, epochs: int = 2, **options: object
+) -> list[tuple[bytes, list[int], list[str]]]:
     """Every batch of ``epochs`` epochs: its images' bytes, labels and paths."""
     out = []
     with open_reader(store, batch_size=7, seed=1, chunk_size=9, with_paths=True, **options) as r:
         for epoch in range(epochs):
             for images, labels, paths in r.epoch(epoch):
-                flat = b"".join(bytes(i) for i in images) if isinstance(images, list) else images.tobytes()
+                flat = (
+                    b"".join(bytes(i) for i in images)
+                    if isinstance(images, list)
+                    else images.tobytes()
+                )
                 out.append((flat, labels.tolist(), list(paths)))
     return out
 
 
-@pytest.mark.parametrize("name", ["lmdb", "lmdb-small", "hdf5", "hdf5-gzip", "hdf5-raw", "lmdb-raw"])
+@pytest.mark.parametrize(
+    "name", ["lmdb", "lmdb-small", "hdf5", "hdf5-gzip", "hdf5-raw", "lmdb-raw"]
+)
 @pytest.mark.parametrize("decode", [True, False])
 def test_an_epoch_read_ahead_is_the_epoch_read_without(
     stores: dict[str, Path], name: str, decode: bool
@@ -79,11 +87,17 @@ def test_an_epoch_read_ahead_is_the_epoch_read_without(
         store, read_ahead=0, decode=decode, buffer_chunks=3
     )
     shares = [_epochs(store, 1, read_ahead=2, rank=r, world_size=2, decode=decode) for r in (0, 1)]
-    assert shares == [_epochs(store, 1, read_ahead=0, rank=r, world_size=2, decode=decode) for r in (0, 1)]
+    assert shares == [
+        _epochs(store, 1, read_ahead=0, rank=r, world_size=2, decode=decode) for r in (0, 1)
+    ]
 
 
-@pytest.mark.parametrize("name", ["lmdb", "hdf5", "hdf5-raw", "lmdb-raw", "lmdb-small", "hdf5-gzip"])
-def test_every_span_is_fetched_where_its_bytes_can_be_told(stores: dict[str, Path], name: str) -> None:
+@pytest.mark.parametrize(
+    "name", ["lmdb", "hdf5", "hdf5-raw", "lmdb-raw", "lmdb-small", "hdf5-gzip"]
+)
+def test_every_span_is_fetched_where_its_bytes_can_be_told(
+    stores: dict[str, Path], name: str
+) -> None:
     """Stores whose payloads' places are known are read ahead whole, and the shard readers
     take the payloads from those bytes; compressed HDF5 chunks are read ahead whole, for
     HDF5 to inflate from the page cache. Values inside LMDB's tree pages (they move) are
@@ -127,7 +141,9 @@ def test_payloads_are_taken_from_the_fetched_bytes(stores: dict[str, Path], name
         changed = bytearray(data)
         at = len(changed) // 2
         changed[at] ^= 0xFF
-        taken = shard.read_block(span.start, span.stop, None, Fetched([(offset, memoryview(changed))]))
+        taken = shard.read_block(
+            span.start, span.stop, None, Fetched([(offset, memoryview(changed))])
+        )
         differ = [i for i, (a, b) in enumerate(zip(plain, map(bytes, taken.data))) if a != b]
         assert len(differ) == 1, differ
 

@@ -607,7 +607,9 @@ class Hdf5ShardReader:
             if ahead is None:
                 data = _read_rows(self._payload, start, stop, out)
             else:
-                rows = np.frombuffer(ahead, np.uint8).reshape(stop - start, *self._payload.shape[1:])
+                rows = np.frombuffer(ahead, np.uint8).reshape(
+                    stop - start, *self._payload.shape[1:]
+                )
                 data = np.empty_like(rows) if out is None else out[: stop - start]
                 data[...] = rows  # a row shape other than the store's raises, as HDF5's read
         else:
