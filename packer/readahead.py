@@ -36,7 +36,8 @@ __all__ = ["ReadAhead", "SUPPORTED"]
 # docs/benchmarks/storage.md).
 _STEP = 512 << 10
 _OPEN_FILES = 16
-SUPPORTED = hasattr(os, "preadv")  # POSIX; elsewhere the reader reads as it always did
+# POSIX with the kernel's advice (Linux, the BSDs); elsewhere the reader reads as it did.
+SUPPORTED = hasattr(os, "preadv") and hasattr(os, "posix_fadvise")
 
 
 class ReadAhead:

@@ -33,6 +33,7 @@ from packer.access import open_manifest
 from packer.batching import Batch
 from packer.errors import StoreError, UsageError
 from packer.imaging import DEFAULT_MAX_PIXELS
+from packer.options import check_workers
 from packer.prefetch import Prefetcher
 from packer.produce import EPOCH_END, Producer
 from packer.resizing import FITS
@@ -97,6 +98,8 @@ class ReaderOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        if self.workers is not None:
+            check_workers(self.workers, f"workers={self.workers}")  # thousands would thrash
         if not isinstance(self.read_ahead, int) or self.read_ahead < 0:
             raise UsageError(
                 f"read_ahead must be a whole number of chunks, not {self.read_ahead!r}"

@@ -426,9 +426,14 @@ def test_bad_options_are_refused(stores: dict[str, Path]) -> None:
         dict(batch_size=2, size=(0, 5)),
         dict(batch_size=2, size=(4, 4), fit="squash"),
         dict(batch_size=2, size=(4, 4), decode=False),
+        dict(batch_size=2, read_ahead=-1),
+        dict(batch_size=2, read_ahead=1.5),
     ]:
         with pytest.raises(UsageError):
             open_reader(stores["lmdb"], **bad)
+    # Issue 29: thousands of decode threads are refused, naming the limit for these cores.
+    with pytest.raises(UsageError, match=r"workers=10000: more than 4 workers per core"):
+        open_reader(stores["lmdb"], batch_size=2, workers=10000)
     # A size no image could be resized to says so, before any read (not "does not decode").
     with pytest.raises(UsageError, match="1,000,000,000,000 pixels, over the limit"):
         open_reader(stores["lmdb"], batch_size=2, size=(10**6, 10**6))
