@@ -26,7 +26,7 @@ Then, for each profile (hdd, nas, cloud), memory capped at half the store:
 Every figure comes from one run, side by side; the table goes to docs/benchmarks/storage.md
 (or --out) with the machine, the command and the date.
 
-    sudo python scripts/bench_storage.py                 # ~25 minutes, 3 GB of disk
+    sudo python scripts/bench_storage.py                 # ~30 minutes, 8 GB of disk
     sudo python scripts/bench_storage.py --quick         # a smaller set, one profile
 """
 
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tool", default=str(TOOL), help="the slow-storage tool")
     parser.add_argument("--mount", default=str(MOUNT), help="where to mount the file system")
-    parser.add_argument("--size", default="4G", help="the file system's size")
+    parser.add_argument("--size", default="8G", help="the file system's size")
     parser.add_argument("--photos", type=int, default=18_500)
     parser.add_argument("--pack-photos", type=int, default=1_500)
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=PROFILES)
