@@ -1,4 +1,7 @@
-"""Reading an LMDB store does not leave the whole store mapped in the reading process."""
+"""Reading an LMDB store does not leave the whole store mapped in the reading process.
+
+The reads here go through the map (read_ahead=0): read ahead, values are taken from the
+fetched bytes and the map holds little but the tree's pages."""
 
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ def test_read_pages_are_unmapped_past_the_budget_and_reads_stay_right(
     monkeypatch.setattr(lmdb_store, "_MAPPED_BYTES", 64 << 10)
     store, expected = _pack(tmp_path, raw)
     shard = (store / "shard-00000.lmdb").resolve()
-    with open_reader(store, batch_size=16, shuffle=False, with_paths=True) as reader:
+    with open_reader(store, batch_size=16, shuffle=False, with_paths=True, read_ahead=0) as reader:
         for epoch in range(2):  # the second epoch reads pages the first one unmapped
             _read_epoch(reader, epoch, expected)
         mapped = _mapped_kb(shard)
@@ -81,7 +84,7 @@ def test_maps_within_the_budget_stay_mapped(
     monkeypatch.setattr(lmdb_store, "_MAPPED_BYTES", 2 << 20)  # twice the shard
     store, expected = _pack(tmp_path, raw=True)
     shard = (store / "shard-00000.lmdb").resolve()
-    with open_reader(store, batch_size=16, shuffle=False, with_paths=True) as reader:
+    with open_reader(store, batch_size=16, shuffle=False, with_paths=True, read_ahead=0) as reader:
         _read_epoch(reader, 0, expected)
         lmdb_store._ENVIRONMENTS.count_read(2 << 20)  # as if as much again had been read
         mapped = _mapped_kb(shard)
@@ -126,7 +129,9 @@ def test_sweeps_while_other_threads_open_and_close_stores(
     def churn() -> None:
         try:
             while not stop.is_set():
-                with open_reader(churned, batch_size=32, shuffle=False, with_paths=True) as r:
+                with open_reader(
+                    churned, batch_size=32, shuffle=False, with_paths=True, read_ahead=0
+                ) as r:
                     _read_epoch(r, 0, other)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
@@ -134,7 +139,9 @@ def test_sweeps_while_other_threads_open_and_close_stores(
     thread = threading.Thread(target=churn)
     thread.start()
     try:
-        with open_reader(swept, batch_size=8, shuffle=True, seed=1, with_paths=True) as reader:
+        with open_reader(
+            swept, batch_size=8, shuffle=True, seed=1, with_paths=True, read_ahead=0
+        ) as reader:
             for epoch in range(30):
                 _read_epoch(reader, epoch, expected)
     finally:

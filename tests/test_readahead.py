@@ -124,7 +124,7 @@ def test_every_span_is_fetched_where_its_bytes_can_be_told(
             assert [bytes(a) for a in taken.data] == [bytes(b) for b in plain.data]
 
 
-@pytest.mark.parametrize("name", ["lmdb", "hdf5", "hdf5-raw"])
+@pytest.mark.parametrize("name", ["lmdb", "hdf5", "hdf5-raw", "lmdb-raw"])
 def test_payloads_are_taken_from_the_fetched_bytes(stores: dict[str, Path], name: str) -> None:
     """Not read again: a byte changed in the fetched copy shows in the record read with it
     (and only there), at the place the shard reader computed."""

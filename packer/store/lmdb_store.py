@@ -354,8 +354,8 @@ class LmdbShardReader:
     ) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
-        if self._shape is not None:  # values copied as they are: read ahead into the cache
-            return self._read_columns(start, stop, out)
+        if self._shape is not None:
+            return self._read_columns(start, stop, out, fetched)
         records = []
         # Raw pixels are copied into ``out`` through a flat byte view: a plain buffer copy
         # per record, no NumPy call.
@@ -428,9 +428,11 @@ class LmdbShardReader:
             values.append(view)
         return values
 
-    def _read_columns(self, start: int, stop: int, out: np.ndarray | None) -> Block:
-        """Records of the "columns" layout: each value copied into ``out`` as it is, the
-        metadata sliced from its column groups."""
+    def _read_columns(
+        self, start: int, stop: int, out: np.ndarray | None, fetched: Fetched | None
+    ) -> Block:
+        """Records of the "columns" layout: each value copied into ``out`` as it is (from
+        ``fetched`` where it holds them all), the metadata sliced from its column groups."""
         n, shape = stop - start, self._shape
         assert shape is not None
         if out is None:
@@ -438,31 +440,20 @@ class LmdbShardReader:
         if out.shape[1:] != shape or len(out) < n or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous array of records of shape {shape}")
         flat, row_bytes = out.reshape(-1).data, int(np.prod(shape))
+        fetched_values = self._fetched_values(start, stop, fetched)
         with self._env.begin(buffers=True) as txn:
-            cursor = txn.cursor()
-            if n and not cursor.set_key(record_key(start)):
-                raise ValueError(f"{self.path}: record {start} is missing")
-            at = 0
-            for value in islice(cursor.iternext(keys=False), n):
-                if len(value) != row_bytes:
-                    # A missing record lets the walk run on into the column groups' values:
-                    # name the missing one first.
-                    self._find_missing(txn, start, stop)
-                    index = start + at // row_bytes
-                    raise ValueError(
-                        f"{self.path}: record {index} has {len(value):,} payload bytes, "
-                        f"the store's shape {list(shape)} needs {row_bytes:,}"
-                    )
-                flat[at : at + row_bytes] = value
-                at += row_bytes
-            # Keys are unique and sorted: n values from record start's key to record
-            # stop - 1's are those records, unless one is missing (a foreign key in its place).
-            if n and (at != n * row_bytes or cursor.key() != record_key(stop - 1)):
-                self._find_missing(txn, start, stop)
-                raise ValueError(f"{self.path}: records {start}..{stop - 1} are not all there")
+            if fetched_values is not None:  # the places say these are the records' values
+                for row, value in enumerate(fetched_values):
+                    if len(value) != row_bytes:
+                        raise ValueError(
+                            f"{self.path}: record {start + row} has {len(value):,} payload "
+                            f"bytes, the store's shape {list(shape)} needs {row_bytes:,}"
+                        )
+                    flat[row * row_bytes : (row + 1) * row_bytes] = value
+            else:
+                self._walk_columns(txn, start, stop, flat, row_bytes)
             groups = range(start // GROUP, -(-stop // GROUP))
             parts = [(self._group(txn, g), g * GROUP) for g in groups]
-        _ENVIRONMENTS.count_read(at)
         cuts = [slice(max(start - first, 0), stop - first) for _, first in parts]
         columns = int(self.meta["num_label_columns"])
         return Block(
@@ -478,6 +469,34 @@ class LmdbShardReader:
             shapes=np.tile(np.array(shape, np.int32), (n, 1)),
             formats=["raw"] * n,
         )
+
+    def _walk_columns(
+        self, txn: lmdb.Transaction, start: int, stop: int, flat: memoryview, row_bytes: int
+    ) -> None:
+        """Copy the values of records start..stop-1 into ``flat`` by a cursor walk."""
+        n, shape = stop - start, list(self._shape or ())
+        cursor = txn.cursor()
+        if n and not cursor.set_key(record_key(start)):
+            raise ValueError(f"{self.path}: record {start} is missing")
+        at = 0
+        for value in islice(cursor.iternext(keys=False), n):
+            if len(value) != row_bytes:
+                # A missing record lets the walk run on into the column groups' values:
+                # name the missing one first.
+                self._find_missing(txn, start, stop)
+                index = start + at // row_bytes
+                raise ValueError(
+                    f"{self.path}: record {index} has {len(value):,} payload bytes, "
+                    f"the store's shape {shape} needs {row_bytes:,}"
+                )
+            flat[at : at + row_bytes] = value
+            at += row_bytes
+        # Keys are unique and sorted: n values from record start's key to record
+        # stop - 1's are those records, unless one is missing (a foreign key in its place).
+        if n and (at != n * row_bytes or cursor.key() != record_key(stop - 1)):
+            self._find_missing(txn, start, stop)
+            raise ValueError(f"{self.path}: records {start}..{stop - 1} are not all there")
+        _ENVIRONMENTS.count_read(at)
 
     def _find_missing(self, txn: lmdb.Transaction, start: int, stop: int) -> None:
         """Raise ValueError naming the first of records start..stop-1 whose key is not there,
