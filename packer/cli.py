@@ -349,7 +349,11 @@ def _print_pack_summary(result: PackResult) -> None:
     show_default=True,
     help="With --shuffle or --bench.",
 )
-@click.option("--bench", is_flag=True, help="Read throughput of this store on this machine.")
+@click.option(
+    "--bench",
+    is_flag=True,
+    help="Read the store cold three ways (its files, the reader, decoding): which is the limit.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="With --grid or --shuffle.")
 @click.option("--images", metavar="NODE", help="A plain HDF5 file: the image array, e.g. /samples.")
 @click.option("--labels", metavar="NODE", help="A plain HDF5 file: the label array, e.g. /labels.")
