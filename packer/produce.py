@@ -35,7 +35,7 @@ from packer.batching import (
 )
 from packer.manifest import Manifest
 from packer.options import default_workers
-from packer.readahead import SUPPORTED, ReadAhead
+from packer.readahead import AUTO_DEPTH, SUPPORTED, ReadAhead, memory_for_cache, store_bytes
 from packer.store.base import Fetched
 
 if TYPE_CHECKING:
@@ -223,10 +223,12 @@ class Producer:
                 self._spare_windows[:] = [array]
 
     def _read_ahead(self, spans: list[plan.Span]) -> ReadAhead | None:
-        depth = self.options.read_ahead
-        if not depth or not spans or not SUPPORTED or self.manifest.backend == "pytables":
+        if not spans or not SUPPORTED or self.manifest.backend == "pytables":
             return None
-        return ReadAhead(self.path, spans, depth)
+        depth = self.options.read_ahead
+        if depth is None:
+            depth = AUTO_DEPTH if store_bytes(self.path) > memory_for_cache() else 0
+        return ReadAhead(self.path, spans, depth) if depth else None
 
     def _open_store(self) -> Store:
         if self._store is None or self._store_pid != os.getpid():

@@ -28,7 +28,7 @@ from packer.epoch import Span
 from packer.fork_gate import FORK_GATE
 from packer.store.base import Fetched
 
-__all__ = ["ReadAhead", "SUPPORTED"]
+__all__ = ["ReadAhead", "SUPPORTED", "AUTO_DEPTH", "memory_for_cache", "store_bytes"]
 
 # Consecutive reads of this size let the kernel's read-ahead grow its window and the page
 # cache's folios, so the device sees requests of 1 MB and more; one read of a whole range
@@ -36,6 +36,7 @@ __all__ = ["ReadAhead", "SUPPORTED"]
 # docs/benchmarks/storage.md).
 _STEP = 512 << 10
 _OPEN_FILES = 16
+AUTO_DEPTH = 2  # chunks read ahead by default: two keep a disk busy while one is taken
 # POSIX with the kernel's advice (Linux, the BSDs); elsewhere the reader reads as it did.
 SUPPORTED = hasattr(os, "preadv") and hasattr(os, "posix_fadvise")
 
@@ -48,7 +49,7 @@ class ReadAhead:
         self._path, self._spans, self._depth = path, list(spans), depth
         # A store larger than the memory there is cannot stay in the page cache anyway:
         # its bytes are dropped from it once copied here.
-        self._uncached = _store_bytes(path) > memory_for_cache()
+        self._uncached = store_bytes(path) > memory_for_cache()
         self._ready: dict[int, Fetched | None] = {}
         self._wanted = 0  # the first span the reader may still ask for
         self._done = False  # the thread has ended: spans not ready will never be
@@ -128,7 +129,8 @@ class ReadAhead:
         return Fetched([(offset, data) for offset, data in got if data is not None])
 
 
-def _store_bytes(path: Path) -> int:
+def store_bytes(path: Path) -> int:
+    """Bytes of the files of the store at ``path``."""
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 

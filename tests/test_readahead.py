@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import write_image
 
-from packer import PackOptions, open_reader, open_store, pack, readahead
+from packer import PackOptions, open_reader, open_store, pack, produce, readahead
 from packer.epoch import chunk_spans
 from packer.errors import CorruptRecordError
 from packer.readahead import ReadAhead
@@ -224,3 +224,17 @@ def test_the_read_ahead_thread_ends_with_its_epoch(stores: dict[str, Path]) -> N
             pass
     names = [t.name for t in threading.enumerate()]
     assert "packer-read-ahead" not in names, names
+
+
+@pytest.mark.parametrize("memory, expected", [(1, True), (1 << 60, False)])
+def test_by_default_a_store_is_read_ahead_when_memory_cannot_hold_it(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch, memory: int, expected: bool
+) -> None:
+    """A store the page cache can hold is read from memory after its first epoch, where
+    reading ahead would only add a copy; one it cannot hold is read ahead."""
+    monkeypatch.setattr(produce, "memory_for_cache", lambda: memory)
+    seen = set()
+    with open_reader(stores["lmdb"], batch_size=5, seed=1) as reader:
+        for _ in reader.epoch(0):
+            seen |= {t.name for t in threading.enumerate()}
+    assert ("packer-read-ahead" in seen) is expected
