@@ -406,12 +406,16 @@ class LmdbShardReader:
             record.data = bytes(record.data)
             return record
         if len(record.data) != row_bytes:
-            raise ValueError(
-                f"{self.path}: record {start + row} has {len(record.data):,} payload "
-                f"bytes, the store's shape {shape} needs {row_bytes:,}"
-            )
+            raise self._wrong_row(start + row, len(record.data), shape, row_bytes)
         flat[row * row_bytes : (row + 1) * row_bytes] = record.data
         return record
+
+    def _wrong_row(self, index: int, got: int, shape: list[int], row_bytes: int) -> ValueError:
+        """The error for record ``index``, whose ``got`` payload bytes are not one row."""
+        return ValueError(
+            f"{self.path}: record {index} has {got:,} payload bytes, "
+            f"the store's shape {shape} needs {row_bytes:,}"
+        )
 
     def _fetched_values(
         self, start: int, stop: int, fetched: Fetched | None
@@ -445,10 +449,7 @@ class LmdbShardReader:
             if fetched_values is not None:  # the places say these are the records' values
                 for row, value in enumerate(fetched_values):
                     if len(value) != row_bytes:
-                        raise ValueError(
-                            f"{self.path}: record {start + row} has {len(value):,} payload "
-                            f"bytes, the store's shape {list(shape)} needs {row_bytes:,}"
-                        )
+                        raise self._wrong_row(start + row, len(value), list(shape), row_bytes)
                     flat[row * row_bytes : (row + 1) * row_bytes] = value
             else:
                 self._walk_columns(txn, start, stop, flat, row_bytes)
@@ -484,11 +485,7 @@ class LmdbShardReader:
                 # A missing record lets the walk run on into the column groups' values:
                 # name the missing one first.
                 self._find_missing(txn, start, stop)
-                index = start + at // row_bytes
-                raise ValueError(
-                    f"{self.path}: record {index} has {len(value):,} payload bytes, "
-                    f"the store's shape {shape} needs {row_bytes:,}"
-                )
+                raise self._wrong_row(start + at // row_bytes, len(value), shape, row_bytes)
             flat[at : at + row_bytes] = value
             at += row_bytes
         # Keys are unique and sorted: n values from record start's key to record
