@@ -1,4 +1,5 @@
-"""The README keeps its promises: every command and every reader option is documented."""
+"""The documents keep their promises: the README names every command, and the reader's
+page documents every reader option."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from packer.cli import cli
 from packer.reader import ReaderOptions
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+READING = (ROOT / "docs" / "reading.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("command", sorted(cli.commands))
@@ -19,11 +22,18 @@ def test_every_command_is_in_the_readme(command: str) -> None:
     assert f"packer {command}" in README
 
 
-def test_every_reader_option_is_in_the_readme() -> None:
+def test_every_reader_option_is_documented() -> None:
     internal = {"worker"}  # set by packer.torch_adapter, not by users
     for field in dataclasses.fields(ReaderOptions):
         if field.name not in internal:
-            assert f"`{field.name}`" in README, field.name
+            assert f"`{field.name}`" in READING, field.name
+
+
+def test_the_readme_is_a_newcomers_page() -> None:
+    assert len(README.encode()) <= 15_000
+    for link in re.findall(r"\]\(([^)#]+)\)", README):  # every page it links to is there
+        if not link.startswith("http"):
+            assert (ROOT / link).exists(), link
 
 
 def test_the_two_commands_for_a_fresh_clone() -> None:
