@@ -316,3 +316,21 @@ def test_bench_store_stops_early(shuffled: Path) -> None:
     assert not result["reader"]["complete"] and not result["decoded"]["complete"]
     with pytest.raises(UsageError, match="seconds must be positive"):
         bench_store(shuffled, seconds=0)
+
+
+def test_bench_names_what_limits_the_reader() -> None:
+    """The verdict of inspect --bench, from figures a slow disk and two cores would give."""
+    from packer.look import _bound
+
+    def figures(device: float, reader: float, raw_rate: float, decoded_rate: float) -> dict:
+        part = {"complete": False, "seconds": 5.0}
+        return {
+            "device": {**part, "mb_per_s": device},
+            "reader": {**part, "mb_per_s": reader, "images_per_s": raw_rate},
+            "decoded": {**part, "mb_per_s": reader, "images_per_s": decoded_rate},
+        }
+
+    assert _bound(figures(120, 50, 600, 600))[0] == "packer"  # 0.42 of the device
+    bound, verdict = _bound(figures(120, 115, 1400, 900))
+    assert bound == "decoding" and "900 images/s" in verdict
+    assert _bound(figures(120, 115, 1400, 1390))[0] == "device"

@@ -370,12 +370,15 @@ class _Spans:
 
 
 class _ChunkMap:
-    """Where the rows of an uncompressed, chunked dataset lie in the file (for /data a row
-    is a byte): rows ``lo`` to ``hi`` as (file offset, length) pieces, from HDF5's chunk
-    index, looked up once per chunk."""
+    """Where the rows of a chunked dataset lie in the file (for /data a row is a byte): rows
+    ``lo`` to ``hi`` as (file offset, length) pieces, from HDF5's chunk index, looked up once
+    per chunk. A compressed chunk's rows cannot be told apart: its pieces are whole chunks
+    (``compressed``), which HDF5 reads and inflates."""
 
     def __init__(self, dataset: h5py.Dataset) -> None:
         self._id = dataset.id
+        self.compressed = dataset.compression is not None
+        self._sizes: dict[int, int] = {}
         self._rows = dataset.chunks[0]  # rows per chunk; chunks span whole rows
         self._row_bytes = int(np.prod(dataset.shape[1:], dtype=np.int64))
         self._tail = (0,) * (len(dataset.shape) - 1)
@@ -388,10 +391,13 @@ class _ChunkMap:
             first = chunk * self._rows
             if chunk not in self._offsets:
                 info = self._id.get_chunk_info_by_coord((first, *self._tail))
-                self._offsets[chunk] = info.byte_offset
+                self._offsets[chunk], self._sizes[chunk] = info.byte_offset, info.size
             offset = self._offsets[chunk]
             if offset is None:
                 return None
+            if self.compressed:
+                out.append((offset, self._sizes[chunk]))
+                continue
             a, b = max(lo, first), min(hi, first + self._rows)
             out.append((offset + (a - first) * self._row_bytes, (b - a) * self._row_bytes))
         return out
@@ -521,12 +527,7 @@ class Hdf5ShardReader:
                 self._paths = _FlatPaths(f["path_offsets"], f["path_bytes"])
             self._file_bytes = path.stat().st_size
             _check_columns(self, self._file_bytes)
-            # Compressed chunks are read and inflated by HDF5: they are read ahead whole.
-            self._chunk_map = (
-                _ChunkMap(self._payload)
-                if self._payload.chunks is not None and self._payload.compression is None
-                else None
-            )
+            self._chunk_map = _ChunkMap(self._payload) if self._payload.chunks else None
         except (KeyError, ValueError, TypeError, OSError) as e:
             f.close()
             raise ValueError(f"{path}: damaged packer shard: {e}") from e
@@ -563,33 +564,23 @@ class Hdf5ShardReader:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
         if start == stop:
             return []
+        if self._chunk_map is None:
+            return []
         lo, hi, _ = self._payload_rows(start, stop)
-        if self._chunk_map is None:  # compressed: the whole chunks HDF5 will read
-            chunks = self._payload.chunks
-            if chunks is None:
-                return []
-            first, last = lo // chunks[0], -(-hi // chunks[0])
-            pieces = []
-            for chunk in range(first, last):
-                info = self._payload.id.get_chunk_info_by_coord(
-                    (chunk * chunks[0],) + (0,) * (len(chunks) - 1)
-                )
-                if info.byte_offset is not None:
-                    pieces.append((info.byte_offset, info.size))
-            return merge_ranges(pieces, self._file_bytes)
         return merge_ranges(self._chunk_map.pieces(lo, hi) or [], self._file_bytes)
 
     def index_extents(self) -> list[tuple[int, int]]:
         # A pack writes the payload chunks first and everything else at close, so the
         # columns, the paths' heap and HDF5's own metadata lie before and after them.
-        if self._chunk_map is None:
+        if self._chunk_map is None or self._chunk_map.compressed:
             return []
         first, end = self._chunk_map.bounds()
         return merge_ranges([(0, first), (end, self._file_bytes - end)], self._file_bytes)
 
     def _fetched_rows(self, lo: int, hi: int, fetched: Fetched) -> memoryview | None:
         """Payload rows ``lo`` to ``hi`` as bytes, from ``fetched``; None if not all there."""
-        pieces = self._chunk_map.pieces(lo, hi) if self._chunk_map is not None else None
+        chunks = self._chunk_map
+        pieces = chunks.pieces(lo, hi) if chunks is not None and not chunks.compressed else None
         views = []
         for offset, length in pieces or []:
             view = fetched.view(offset, length)
