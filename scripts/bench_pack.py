@@ -66,6 +66,7 @@ import simplejpeg
 from PIL import Image
 
 from packer import PackOptions, headers, imaging, pack
+from packer.look import drop_cached
 from packer.manifest import MANIFEST_NAME, Manifest
 from packer.options import default_workers
 
@@ -201,17 +202,6 @@ def pack_once(data: Dataset, out: Path, options: PackOptions, keep: Kept, key: s
     keep[key] = (result.manifest, (out / MANIFEST_NAME).stat().st_size)
 
 
-def evict(files: list[Path]) -> None:
-    """Drop the files' pages from the page cache, so that the next read goes to the disk."""
-    os.sync()  # dirty pages cannot be dropped; these are clean, but make sure
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def cpu_seconds() -> float:
     """CPU time so far of this process (all its threads) and of its ended child processes
     (pool workers, counted once a pool is shut down)."""
@@ -229,7 +219,8 @@ def timed(
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     if cold:
-        evict(cold)
+        os.sync()  # dirty pages cannot be dropped
+        drop_cached(cold)
     cpu = cpu_seconds()
     started = time.perf_counter()
     own = fn()
