@@ -7,12 +7,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 # Imported after __version__, which pack.py records in every manifest.
-from packer.access import Store, open_store  # noqa: E402
 from packer.errors import PackerError  # noqa: E402
-from packer.manifest import Manifest, read_manifest  # noqa: E402
-from packer.options import PackOptions  # noqa: E402
-from packer.pack import PackResult, pack  # noqa: E402
-from packer.reader import Reader, open_reader  # noqa: E402
+from packer.packing.options import PackOptions  # noqa: E402
+from packer.packing.pipeline import PackResult, pack  # noqa: E402
+from packer.reading.reader import Reader, open_reader  # noqa: E402
+from packer.store.access import Store, open_store  # noqa: E402
+from packer.store.manifest import Manifest, read_manifest  # noqa: E402
 
 __all__ = [
     "__version__",

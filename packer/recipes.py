@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from packer.errors import UsageError
-from packer.reader import Reader
+from packer.reading.reader import Reader
 
 __all__ = ["endless_batches"]
 

@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 # sys.path: the version's checkout).
 CHILD = r"""
 import json, resource, shutil, statistics, sys, time
-from packer import PackOptions, pack
+from packer import PackOptions
+from packer import pack
 source, out, backend, check, packs = sys.argv[1:6]
 seconds, cpu = [], []
 def used():

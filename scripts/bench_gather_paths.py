@@ -33,8 +33,8 @@ import h5py
 import lmdb
 import numpy as np
 
-from packer import epoch as plan
 from packer import open_reader, read_manifest
+from packer.reading import epoch as plan
 from packer.store.lmdb_store import record_key
 
 BATCH, CHUNK, BUFFER, ALIVE = 256, 47, 8, 6

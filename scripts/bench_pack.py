@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark ``packer.pack`` against what the machine can do at best, side by side.
+"""Benchmark ``packer.packing.pipeline`` against what the machine can do at best, side by side.
 
 Measured on a generated image folder (``scripts/make_demo_data.py``, ~70% JPEG / 30% PNG,
 300-640 px sides by default, cached under ``--workdir``), default storage mode (original
@@ -22,7 +22,7 @@ bytes), for each backend:
 
 Shown too: the header checks alone, in one thread: every file parsed by Pillow
 (``imaging.probe``), as ``check="header"`` did in its pool until 2026-11-24, and every file
-checked as it does now, on bytes already read (``packer.headers``, Pillow for what it declines).
+checked as it does now, on bytes already read (``packer.imaging.headers``, Pillow for what it declines).
 
 Targets: packer time / limit time <= 1.3 (1, 2); store size <= 1.02x the sources (4).
 Each run's CPU-seconds (its threads and worker processes, from getrusage) are shown beside
@@ -65,10 +65,12 @@ from typing import Any
 import simplejpeg
 from PIL import Image
 
-from packer import PackOptions, headers, imaging, pack
-from packer.look import drop_cached
-from packer.manifest import MANIFEST_NAME, Manifest
-from packer.options import default_workers
+from packer import PackOptions, pack
+from packer.arguments import default_workers
+from packer.imaging import decode as imaging
+from packer.imaging import headers
+from packer.inspect.look import drop_cached
+from packer.store.manifest import MANIFEST_NAME, Manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
@@ -98,7 +100,7 @@ NOTES = [
     "CPU s = CPU-seconds of the best run: this process's threads and its worker processes; "
     "on N cores no run takes less than CPU s / N seconds",
     "header probes = every file's header parsed by imaging.probe (Pillow) in one process; "
-    "header checks, as packed = every file's header checked by packer.headers on its first "
+    "header checks, as packed = every file's header checked by packer.imaging.headers on its first "
     "16 KB, read before the clock (Pillow, from the file, for what it declines), as "
     "--check header does on the bytes it reads to store: shown, not judged",
 ]
@@ -154,14 +156,14 @@ def decode_files(paths: list[str], turbo: bool) -> int:
 def probe_files(files: list[Path]) -> None:
     """Every file's header parsed in this process, as packer's ``--check header`` does in its
     pool (``imaging.probe``, Pillow): that check's CPU, shown beside the copy limit's."""
-    imaging.load_plugins()  # a pack's workers inherit them loaded (packer.pack._start_pool)
+    imaging.load_plugins()  # a pack's workers inherit them loaded (packer.packing.pipeline._start_pool)
     for path in files:
         imaging.probe(path)
 
 
 def check_headers(files: list[Path], heads: list[bytes]) -> None:
     """Every file's header checked as ``--check header`` does, on bytes the pack has read
-    anyway (here each file's first 16 KB, read before the clock): by ``packer.headers``, and
+    anyway (here each file's first 16 KB, read before the clock): by ``packer.imaging.headers``, and
     by Pillow from the file where it declines (in the pack, in the worker pool)."""
     imaging.load_plugins()
     for path, head in zip(files, heads):

@@ -73,9 +73,9 @@ import simplejpeg
 from PIL import Image
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
-from packer.manifest import FORMAT_VERSION, MANIFEST_NAME
-from packer.options import default_workers, parse_hw
+from packer.arguments import default_workers, parse_hw
 from packer.store import lmdb_store
+from packer.store.manifest import FORMAT_VERSION, MANIFEST_NAME
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
@@ -95,7 +95,7 @@ NOTES = [
     "limits read in file order; the reader reads its chunks in a shuffled order",
     "DataLoader vs 'transform resize': the same work (decode + resize per epoch); 'size=': "
     "the reader's own resize (JPEGs decoded at a reduced scale first, then OpenCV's bilinear, "
-    "a whole-factor box average first below 1/2: packer/resizing.py); 'packed at': "
+    "a whole-factor box average first below 1/2: packer/imaging/resizing.py); 'packed at': "
     "resized at pack time (shown, not judged)",
     "pages kept mapped / lmdb*: LMDB readers keep every page they read mapped, as before packer "
     "unmapped them past 32 MB (packer/store/lmdb_store.py): what bounding RSS costs (shown)",

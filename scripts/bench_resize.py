@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Per-image cost and quality of resizing, on one thread: Pillow's resize against packer's
-(``packer.resizing``: OpenCV), and the reader's whole ``size=`` path (``imaging.decode_resized``).
+(``packer.imaging.resizing``: OpenCV), and the reader's whole ``size=`` path (``imaging.decode_resized``).
 
 The images are ``scripts/bench_reader.py``'s generated folder (made here if missing, cached in
 the same place): ~70% JPEG / 30% PNG, 200-500 px. Every figure is the best of --repeat runs
@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from packer import imaging, resizing
+from packer.imaging import decode as imaging
+from packer.imaging import resizing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_reader import prepare_folder  # noqa: E402

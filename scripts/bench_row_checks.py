@@ -20,8 +20,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from packer import record
-from packer.row_checks import each_row_intact, joined_crc, rows_intact
+from packer.store import record
+from packer.store.row_checks import each_row_intact, joined_crc, rows_intact
 
 
 @contextmanager

@@ -130,8 +130,8 @@ def prepare(mount: Path, photos: int, pack_photos: int) -> dict[str, Path]:
 
 
 def case_limit(store: Path) -> dict[str, Any]:
-    from packer.look import read_files
-    from packer.manifest import read_manifest
+    from packer.inspect.look import read_files
+    from packer.store.manifest import read_manifest
 
     files = [store / s.file for s in read_manifest(store).shards]
     return read_files(files)

@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image
 
 from packer import open_store
-from packer.ledger import PLAN_NAME
+from packer.store.manifest import PACK_PLAN
 
 PACKER = [sys.executable, "-m", "packer"]
 
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     landed: Counter[str] = Counter()  # where the kills landed
     resumes_with_kept = 0
     for kill in range(1, args.kills + 1):
-        resume = ["--resume"] if (partial / PLAN_NAME).exists() else []
+        resume = ["--resume"] if (partial / PACK_PLAN).exists() else []
         resumes_with_kept += bool(resume and list(partial.glob("*.done.json")))
         proc = subprocess.Popen(
             PACKER + ["pack", *command[:1], str(out), *command[1:], *resume],
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             shutil.rmtree(out)
         if args.verbose:
             print(f"kill {kill}: {sorted(p.name for p in partial.glob('*'))}")
-    resume = ["--resume"] if (partial / PLAN_NAME).exists() else []
+    resume = ["--resume"] if (partial / PACK_PLAN).exists() else []
     subprocess.run(
         PACKER + ["pack", *command[:1], str(out), *command[1:], *resume], check=True, timeout=600
     )

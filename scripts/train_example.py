@@ -47,8 +47,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from packer import PackOptions, open_reader, pack
-from packer.access import open_manifest
-from packer.options import default_workers
+from packer.arguments import default_workers
+from packer.store.access import open_manifest
 from packer.torch_adapter import TorchDataset
 
 LOADERS = ("packer", "packer-raw", "packer-workers", "dataloader", "pillow")

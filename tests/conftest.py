@@ -85,7 +85,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 def rewrite_manifest(store: Path, data: object) -> None:
     """Save an edited manifest (a dict loaded from manifest.json) as packer writes one, with its
     own checksum made to match: the edit is what a test looks at, not the checksum."""
-    from packer.manifest import manifest_bytes
+    from packer.store.manifest import manifest_bytes
 
     assert isinstance(data, dict)
     (store / "manifest.json").write_bytes(manifest_bytes(data))

@@ -203,7 +203,7 @@ def _damage(file: Path, case: Case) -> None:
 
 def _records_digest(store: Path) -> tuple[str, str]:
     """Digests of every record's payload, and of every record's labels and path."""
-    from packer.access import open_store
+    from packer.store.access import open_store
 
     payloads, meta = hashlib.sha256(), hashlib.sha256()
     with open_store(store) as opened:
@@ -247,7 +247,7 @@ def _verify(store: Path, case: Case) -> str:
     """What `inspect --verify` makes of the damage: its report, or the one-line error it
     stops with (a manifest the shard files contradict)."""
     from packer.errors import PackerError
-    from packer.verify import verify_store
+    from packer.store.verify import verify_store
 
     try:
         report = verify_store(store, workers=1)

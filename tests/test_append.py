@@ -23,8 +23,8 @@ from conftest import (
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.cli import cli
 from packer.errors import LabelsError, PackInterrupted, UsageError
-from packer.pack import Progress
-from packer.verify import verify_store
+from packer.packing.pipeline import Progress
+from packer.store.verify import verify_store
 
 
 def folder(root: Path, classes: dict[str, int], first_seed: int) -> Path:

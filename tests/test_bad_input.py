@@ -27,12 +27,12 @@ from click.testing import CliRunner
 from conftest import image_bytes, store_path, write_image
 from PIL import Image
 
-from packer.access import open_store
 from packer.cli import cli
 from packer.errors import BadImageError, EmptySourceError, LabelsError
-from packer.options import PackOptions
-from packer.pack import PackResult, pack
-from packer.staging import partial_path
+from packer.packing.options import PackOptions
+from packer.packing.pipeline import PackResult, pack
+from packer.store.access import open_store
+from packer.store.staging import partial_path
 
 NOT_AN_IMAGE = "not an image (Pillow cannot identify it)"
 LOOP = "links to a folder already walked (symlink loop or alias)"

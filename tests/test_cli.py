@@ -15,9 +15,10 @@ import pytest
 from click.testing import CliRunner
 from conftest import write_image
 
-from packer import jpeg_turbo, record
 from packer.cli import cli
-from packer.terminal import ProgressLine
+from packer.cli.terminal import ProgressLine
+from packer.imaging import jpeg_turbo
+from packer.store import record
 
 
 def run(*args: str) -> tuple[int, str, str]:

@@ -21,10 +21,10 @@ import pytest
 from conftest import corpus_dir, store_path
 from PIL import Image, ImageOps
 
-from packer.access import open_store
-from packer.options import PackOptions
-from packer.pack import PackResult, pack
-from packer.reader import open_reader
+from packer.packing.options import PackOptions
+from packer.packing.pipeline import PackResult, pack
+from packer.reading.reader import open_reader
+from packer.store.access import open_store
 
 NOT_AN_IMAGE = "not an image (Pillow cannot identify it)"
 # Files in the corpus that are not images at all, and have no entry in expected.json.

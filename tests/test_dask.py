@@ -16,7 +16,7 @@ from conftest import store_path, write_image
 
 from packer import PackOptions, pack
 from packer.errors import UsageError
-from packer.staging import partial_path
+from packer.store.staging import partial_path
 
 distributed = pytest.importorskip("distributed", reason="Dask is an optional extra: packer[dask]")
 

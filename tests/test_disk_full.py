@@ -56,8 +56,8 @@ def test_writers_fail_cleanly_when_the_disk_fills_mid_shard(small_fs: Path, back
     """Past the pack's up-front check (another process may fill the disk): an error, no crash."""
     import lmdb
 
-    from packer.record import Record, checksum
     from packer.store import ShardMeta, open_shard_writer, shard_name
+    from packer.store.record import Record, checksum
 
     data = os.urandom(100_000)
     options = {"map_size": 64 << 20} if backend == "lmdb" else {}
@@ -160,7 +160,7 @@ def test_another_process_filling_the_disk_mid_pack(
 WRITE_UNTIL_FULL = """
 import os, sys
 from pathlib import Path
-from packer.record import Record, checksum
+from packer.store.record import Record, checksum
 from packer.store import ShardMeta, open_shard_writer
 writer = open_shard_writer("hdf5", Path(sys.argv[1]), ShardMeta(0, 0), 4 << 20)
 data = os.urandom(100_000)

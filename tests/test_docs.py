@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from packer.cli import cli
-from packer.reader import ReaderOptions
+from packer.reading.options import ReaderOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

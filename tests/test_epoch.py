@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.epoch import (
+from packer.reading.epoch import (
     Span,
     chunk_spans,
     share_size,

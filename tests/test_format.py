@@ -11,7 +11,7 @@ import pytest
 from conftest import shard_checksum
 
 from packer.errors import IncompleteStoreError, ManifestError
-from packer.manifest import (
+from packer.store.manifest import (
     FORMAT_VERSION,
     Manifest,
     ShardInfo,
@@ -19,7 +19,7 @@ from packer.manifest import (
     read_manifest,
     write_manifest,
 )
-from packer.record import Record, checksum, pack_value, read_source, unpack_value
+from packer.store.record import Record, checksum, pack_value, read_source, unpack_value
 
 
 def test_record_value_round_trip_with_zero_copy_payload() -> None:
@@ -208,8 +208,8 @@ def test_new_stores_are_format_4_and_format_1_and_2_stores_still_read_and_verify
     newer than it reads). A store an older packer wrote, with a sha256 per shard and no
     manifest checksum, still opens, and verify checks that sha256."""
     from packer import PackOptions, pack
-    from packer.convert import convert_store
-    from packer.verify import verify_store
+    from packer.inspect.convert import convert_store
+    from packer.store.verify import verify_store
 
     out = tmp_path / ("out.lmdb" if backend == "lmdb" else "out.h5")
     pack(image_dir, out, PackOptions(backend=backend, workers=1, **extra))  # type: ignore[arg-type]
@@ -268,7 +268,7 @@ def test_a_shard_has_exactly_one_well_formed_checksum(tmp_path: Path) -> None:
 
 def test_size_histograms_bucket_by_the_power_of_two_at_or_below() -> None:
     """Exact at every power of two, however large: a float log2 put 2**53 - 1 with 2**53."""
-    from packer.stats import Distribution
+    from packer.packing.stats import Distribution
 
     sizes = Distribution()
     for value in (0, 1, 2, 3, 4, 7, 8, 2**53 - 1, 2**53):

@@ -1,4 +1,4 @@
-"""packer.headers holds to Pillow: whenever it vouches for a file, ``imaging.probe`` gives
+"""packer.imaging.headers holds to Pillow: whenever it vouches for a file, ``imaging.probe`` gives
 the same ImageInfo, and it vouches for the plain JPEGs and PNGs that make up most folders.
 
 Checked on files Pillow writes in every mode and with every kind of metadata, on the shared
@@ -19,7 +19,8 @@ import pytest
 from conftest import corpus_dir, encoded, image_bytes
 from PIL import Image, PngImagePlugin
 
-from packer import headers, imaging
+from packer.imaging import decode as imaging
+from packer.imaging import headers
 
 LIMIT = imaging.DEFAULT_MAX_PIXELS
 

@@ -40,10 +40,10 @@ import pytest
 from conftest import EXIF_DISPLAY, store_path
 from PIL import Image, ImageCms, ImageOps
 
-from packer.access import open_store
-from packer.options import PackOptions
-from packer.pack import PackResult, pack
-from packer.record import Record
+from packer.packing.options import PackOptions
+from packer.packing.pipeline import PackResult, pack
+from packer.store.access import open_store
+from packer.store.record import Record
 
 MAX_PIXELS = 1_000_000
 JPEG_TOLERANCE = 2  # max |difference| per sample for a JPEG source (measured: 1)
@@ -458,12 +458,12 @@ def test_a_header_check_skips_only_what_the_full_check_skips_and_agrees_on_the_r
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Packed with ``--check header`` (its headers read by the pool's workers, or by the
-    read-ahead thread with packer.headers and the pool for the rest), the folder gives a
+    read-ahead thread with packer.imaging.headers and the pool for the rest), the folder gives a
     subset of the full check's skips, each for the same reason, and every record the full
     check also kept has the same bytes, shape and format; the others are files cut in their
     pixel data, which only a decode finds."""
     if where != "pool":
-        monkeypatch.setattr(sys.modules["packer.pack"], "_SAMPLE", 0)
+        monkeypatch.setattr(sys.modules["packer.packing.pipeline"], "_SAMPLE", 0)
     backend = packed.result.manifest.backend
     options = PackOptions(
         backend=backend, labels="none", seed=1234, workers=2, max_pixels=MAX_PIXELS, check="header"

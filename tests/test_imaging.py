@@ -10,7 +10,8 @@ import pytest
 from conftest import EXIF_DISPLAY, image_bytes
 from PIL import Image
 
-from packer import imaging, resizing
+from packer.imaging import decode as imaging
+from packer.imaging import resizing
 
 
 def _with_orientation(pixels: np.ndarray, orientation: int, fmt: str = "PNG") -> bytes:

@@ -1,4 +1,4 @@
-"""libjpeg-turbo's fast path (packer.jpeg_turbo): Pillow's pixels, byte for byte, or Pillow.
+"""libjpeg-turbo's fast path (packer.imaging.jpeg_turbo): Pillow's pixels, byte for byte, or Pillow.
 
 Every case compares ``imaging.decode_array`` (fast path where it applies) with Pillow's own
 decode (``imaging.decode`` then ``to_array``), and checks which path ran, so a case that
@@ -18,7 +18,8 @@ import pytest
 from conftest import EXIF_DISPLAY, corpus_dir
 from PIL import Image
 
-from packer import imaging, jpeg_turbo, resizing
+from packer.imaging import decode as imaging
+from packer.imaging import jpeg_turbo, resizing
 
 # Which path ran is asserted only where the fast path is on (Pillow on libjpeg-turbo, as in
 # its wheels); the pixels are compared everywhere.
@@ -186,7 +187,10 @@ import sys, zlib
 sys.modules["simplejpeg"] = None  # import simplejpeg / isal now raise ImportError
 sys.modules["isal"] = sys.modules["isal.isal_zlib"] = None
 import numpy as np
-from packer import PackOptions, jpeg_turbo, open_store, pack, record
+from packer import PackOptions, open_store
+from packer.imaging import jpeg_turbo
+from packer import pack
+from packer.store import record
 assert not jpeg_turbo.ENABLED and record._crc32 is zlib.crc32 and record.CRC32_BY == "zlib"
 assert jpeg_turbo.why_off().startswith("simplejpeg is not installed")
 pack({str(tmp_path / "images")!r}, {str(tmp_path / "out.lmdb")!r}, PackOptions(seed=0, workers=1))

@@ -14,7 +14,7 @@ from pathlib import Path
 from PIL import Image
 
 from packer import open_store
-from packer.staging import partial_path
+from packer.store.staging import partial_path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kill_pack.py"
 

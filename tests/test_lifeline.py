@@ -13,7 +13,7 @@ import pytest
 from conftest import write_image
 
 from packer import PackOptions, pack
-from packer.manifest import read_manifest
+from packer.store.manifest import read_manifest
 
 
 def _children(pid: int) -> list[int]:

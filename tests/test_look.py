@@ -1,4 +1,4 @@
-"""packer.look on real packed stores: contact sheets, listings, extraction, shuffle quality
+"""packer.inspect.look on real packed stores: contact sheets, listings, extraction, shuffle quality
 and the throughput bench. Tiles are recomputed from the source files, independently."""
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ import pytest
 from conftest import store_path, write_image
 from PIL import Image, ImageDraw, ImageFont
 
-from packer import PackOptions, jpeg_turbo, open_reader, open_store, pack, record
+from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import UsageError
-from packer.look import (
+from packer.imaging import jpeg_turbo
+from packer.inspect.look import (
     LABEL_STRIP,
     bench_store,
     contact_sheet,
     extract,
     list_records,
 )
-from packer.shuffle_report import shuffle_quality
+from packer.inspect.shuffle_report import shuffle_quality
+from packer.store import record
 
 CLASSES = ("ant", "bee", "cow", "dog")
 PER_CLASS = 24
@@ -320,7 +322,7 @@ def test_bench_store_stops_early(shuffled: Path) -> None:
 
 def test_bench_names_what_limits_the_reader() -> None:
     """The verdict of inspect --bench, from figures a slow disk and two cores would give."""
-    from packer.look import _bound
+    from packer.inspect.look import _bound
 
     def figures(device: float, reader: float, raw_rate: float, decoded_rate: float) -> dict:
         part = {"complete": False, "seconds": 5.0}

@@ -17,8 +17,8 @@ from conftest import assert_one_line_error, packer_command, write_image
 from packer import PackOptions, pack
 from packer.cli import cli
 from packer.errors import ManifestError
-from packer.manifest import manifest_bytes, read_manifest
-from packer.verify import verify_store
+from packer.store.manifest import manifest_bytes, read_manifest
+from packer.store.verify import verify_store
 
 _VARIANTS = {
     "lmdb": {"backend": "lmdb"},

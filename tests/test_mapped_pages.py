@@ -16,7 +16,7 @@ from conftest import write_image
 from PIL import Image
 
 from packer import PackOptions, open_reader, pack
-from packer.reader import Reader
+from packer.reading.reader import Reader
 from packer.store import lmdb_store
 from packer.store.mapped_pages import map_span
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import assert_one_line_error, packer_command, write_image
 
 from packer import PackOptions, pack
-from packer.options import WORKERS_PER_CORE, default_workers
+from packer.arguments import WORKERS_PER_CORE, default_workers
 
 
 @pytest.fixture(scope="module")

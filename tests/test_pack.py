@@ -16,12 +16,13 @@ import pytest
 from conftest import encoded, shard_checksum, store_path, write_image
 from PIL import Image, ImageOps
 
-from packer import PackOptions, imaging, pack, read_manifest
-from packer.access import open_store
+from packer import PackOptions, pack, read_manifest
 from packer.errors import PackerError, StoreError, StoreExistsError
-from packer.record import checksum
-from packer.scan import Skipped
-from packer.source import load_source
+from packer.imaging import decode as imaging
+from packer.packing.scan import Skipped
+from packer.packing.source import load_source
+from packer.store.access import open_store
+from packer.store.record import checksum
 
 
 def _sha(data: bytes | memoryview) -> str:
@@ -236,7 +237,7 @@ def test_stale_partial_is_replaced_but_a_live_one_is_respected(
 def test_a_store_keeps_a_bounded_number_of_shards_open(
     image_dir: Path, tmp_path: Path, backend: str
 ) -> None:
-    from packer import access
+    from packer.store import access
 
     out = store_path(tmp_path, backend)
     pack(image_dir, out, _options(backend, shards=21))  # one record per shard
@@ -251,9 +252,9 @@ def test_a_store_keeps_a_bounded_number_of_shards_open(
 def test_kept_bytes_are_read_once_and_still_checked_against_the_scan(tmp_path: Path) -> None:
     """A Dask task keeps the bytes its check read (the local pack's pool does not, to keep
     them out of its pipes): the file is not read again, and a size change is still caught."""
-    from packer.prepare import prepare_file
-    from packer.shard_job import to_record
-    from packer.source import SourceItem
+    from packer.packing.prepare import prepare_file
+    from packer.packing.shard_job import to_record
+    from packer.packing.source import SourceItem
 
     path = write_image(tmp_path / "a.jpg", seed=1)
     data, options = path.read_bytes(), PackOptions(seed=0)
@@ -280,7 +281,7 @@ def test_every_file_is_announced_to_the_kernel_before_it_is_read(
     """Files get a WILLNEED hint ahead of their reads (as their task goes to the pool; with a
     header check, up to _HINT_BYTES ahead), so cold reads are in flight early; a hint never
     blocks (a FIFO) nor fails a pack (a missing file)."""
-    from packer.pack import _will_read
+    from packer.packing.pipeline import _will_read
 
     hinted: list[str] = []
     real = os.posix_fadvise
@@ -321,7 +322,7 @@ def test_hints_stay_within_their_byte_budget(
     whose budget is used up still packs every file, unannounced."""
     import sys
 
-    from packer.pack import _will_read
+    from packer.packing.pipeline import _will_read
 
     files = sorted(image_dir.rglob("*.*"))
     sizes = [f.stat().st_size for f in files]
@@ -333,11 +334,11 @@ def test_hints_stay_within_their_byte_budget(
     hinted: list[int] = []
     real = os.posix_fadvise
     monkeypatch.setattr(os, "posix_fadvise", lambda *a: (hinted.append(a[0]), real(*a))[1])
-    monkeypatch.setattr(sys.modules["packer.pack"], "_HINT_BYTES", 0)
+    monkeypatch.setattr(sys.modules["packer.packing.pipeline"], "_HINT_BYTES", 0)
     options = PackOptions(seed=0, workers=1, check=check)
     result = pack(image_dir, tmp_path / "none.lmdb", options)
     assert result.manifest.num_records == len(files) and not hinted
-    monkeypatch.setattr(sys.modules["packer.pack"], "_HINT_BYTES", 2 * max(sizes))
+    monkeypatch.setattr(sys.modules["packer.packing.pipeline"], "_HINT_BYTES", 2 * max(sizes))
     result = pack(image_dir, tmp_path / "some.lmdb", options)
     assert result.manifest.num_records == len(files) and 0 < len(hinted) < len(files)
 
@@ -347,7 +348,7 @@ def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
 ) -> None:
     """write_shard has the kernel flush a shard every 32 MB while writing (the final fsync
     still makes it durable); here with a 4-byte step, on real files."""
-    from packer.shard_job import _Writeback
+    from packer.packing.shard_job import _Writeback
 
     synced: list[int] = []
     real_sync = getattr(os, "fdatasync", os.fsync)
@@ -389,7 +390,7 @@ def test_early_writeback_syncs_behind_the_writer_and_reports_a_failure(
 def test_workers_that_only_probe_headers_yield_the_cores_to_the_writer(check: str) -> None:
     """Header probes only need to stay ahead of the writer: their workers run at a lower
     priority (on two cores they took time from it); workers that decode do not."""
-    from packer.pack import _start_pool
+    from packer.packing.pipeline import _start_pool
 
     pool = _start_pool(PackOptions(backend="lmdb", workers=1, check=check))
     try:
@@ -412,10 +413,10 @@ def test_a_pack_leaves_no_thread_or_process_behind(
     (a WebP here, after a sample that saw none)."""
     if check.endswith("late"):
         write_image(image_dir / "cat" / "odd.webp", seed=99)
-        monkeypatch.setattr(sys.modules["packer.pack"], "_SAMPLE", 0)
+        monkeypatch.setattr(sys.modules["packer.packing.pipeline"], "_SAMPLE", 0)
     elif check == "header":  # plain files: checked in the read-ahead thread, no pool at all
         items = load_source(image_dir).items
-        assert sys.modules["packer.pack"]._plain_sample(image_dir, items, PackOptions())
+        assert sys.modules["packer.packing.pipeline"]._plain_sample(image_dir, items, PackOptions())
     before = set(threading.enumerate())
     for n in range(2):
         options = PackOptions(backend="lmdb", check=check.split(",")[0])  # type: ignore[arg-type]
@@ -473,9 +474,9 @@ def test_a_header_check_gives_pillows_answer_for_every_file(
     headers are checked in the pool (a folder whose sample has odd files, as this one) or
     in the read-ahead thread, which vouches for plain JPEGs and PNGs and asks the pool about
     the rest. In small pieces, several wait for the pool at once, and some for want of room."""
-    from packer.prepare import probed, reason
+    from packer.packing.prepare import probed, reason
 
-    module = sys.modules["packer.pack"]
+    module = sys.modules["packer.packing.pipeline"]
     if where.startswith("thread"):
         monkeypatch.setattr(module, "_SAMPLE", 0)  # sample nothing: as if all were plain
     if where.endswith("small pieces"):
@@ -516,7 +517,7 @@ def test_a_header_check_reads_a_bounded_stretch_ahead_of_pillows_answers(
     """Files read while earlier ones wait for the pool are held in memory: a piece is handed
     on once the bytes read past its start exceed _AHEAD_BYTES, answered or not (here every
     file is a WebP, left to Pillow, whose pool takes a while to start)."""
-    module = sys.modules["packer.pack"]
+    module = sys.modules["packer.packing.pipeline"]
     sizes = []
     for i in range(40):
         sizes.append(write_image(tmp_path / "imgs" / f"{i:02}.webp", seed=i).stat().st_size)
@@ -547,8 +548,8 @@ def test_forked_workers_inherit_pillows_plugins(tmp_path: Path) -> None:
     nothing has imported them yet; the worker reports before it has opened any image."""
     code = """
 from PIL import Image
-from packer.options import PackOptions
-from packer.pack import _start_pool
+from packer.packing.options import PackOptions
+from packer.packing.pipeline import _start_pool
 
 def plugins_loaded():
     return Image._initialized == 2  # Pillow's own flag: Image.init() has run

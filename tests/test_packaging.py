@@ -23,7 +23,7 @@ import packer
 from packer import PackOptions, pack
 from packer.about import DISTRIBUTION, install_hint
 from packer.cli import cli
-from packer.manifest import FORMAT_VERSION
+from packer.store.manifest import FORMAT_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 # The console script pip installed beside this Python, as a user's shell finds it in a venv.
@@ -116,10 +116,7 @@ def test_output_torch_without_torch_names_the_extra(image_dir: Path, tmp_path: P
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last == (
-        "ModuleNotFoundError: output='torch' and packer.torch_adapter need PyTorch: "
-        f"{install_hint('torch')}"
-    )
+    assert last == (f"ModuleNotFoundError: output='torch' needs PyTorch: {install_hint('torch')}")
     assert install_hint("torch") == "pip install 'packer-image-shards[torch]'"
 
 

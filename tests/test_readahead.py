@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from conftest import write_image
 
-from packer import PackOptions, open_reader, open_store, pack, produce, readahead
-from packer.epoch import chunk_spans
+from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError
-from packer.readahead import ReadAhead
-from packer.record import unpack_value
+from packer.reading import produce, readahead
+from packer.reading.epoch import chunk_spans
+from packer.reading.readahead import ReadAhead
 from packer.store.base import Fetched
 from packer.store.lmdb_store import META_KEY, PLACES
+from packer.store.record import unpack_value
 
 BIG = (80, 64)  # noise JPEGs and PNGs of 4-16 KB: LMDB keeps each value on pages of its own
 SMALL = (6, 5)  # ~200 B: LMDB keeps values inside its tree's pages

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from conftest import pack_three_ways, store_path, write_image
 
-from packer import PackOptions, open_reader, open_store, pack, resizing
+from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError, StoreError, UsageError
+from packer.imaging import resizing
 
 
 @pytest.fixture(scope="module")

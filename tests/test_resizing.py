@@ -1,4 +1,4 @@
-"""Resizing arrays (packer.resizing): geometry, fits, channels, and what the pixels look like."""
+"""Resizing arrays (packer.imaging.resizing): geometry, fits, channels, and what the pixels look like."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packer import resizing
+from packer.imaging import resizing
 
 
 @pytest.mark.parametrize(
@@ -131,8 +131,9 @@ def test_opencv_is_imported_by_a_reader_that_resizes_and_by_nothing_else(tmp_pat
     Image.fromarray(pixels).save(tmp_path / "images" / "a" / "x.png")
     script = f"""
 import sys
-import packer.cli
-from packer import open_reader, pack, PackOptions
+import packer.cli.commands
+from packer import open_reader, PackOptions
+from packer import pack
 pack({str(tmp_path / "images")!r}, {str(tmp_path / "s.lmdb")!r}, PackOptions(workers=1))
 assert "cv2" not in sys.modules, "imported by the CLI or a pack without a resize"
 open_reader({str(tmp_path / "s.lmdb")!r}, batch_size=1).close()

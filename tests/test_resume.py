@@ -15,9 +15,9 @@ from conftest import store_path, write_image
 
 from packer import PackOptions, pack, read_manifest
 from packer.errors import IncompleteStoreError, PackInterrupted, ResumeError
-from packer.ledger import PLAN_NAME
-from packer.pack import Progress
-from packer.staging import partial_path
+from packer.packing.pipeline import Progress
+from packer.store.manifest import PACK_PLAN
+from packer.store.staging import partial_path
 
 NUM_IMAGES = 48
 
@@ -106,7 +106,7 @@ def test_repeated_interruptions_lose_nothing(source: Path, tmp_path: Path, backe
 def test_a_random_seed_is_kept_for_the_resume(source: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.lmdb"
     interrupted_pack(source, out, opts("lmdb", seed=None), records=20)
-    saved = json.loads((partial_path(out) / PLAN_NAME).read_text())
+    saved = json.loads((partial_path(out) / PACK_PLAN).read_text())
     resumed = pack(source, out, opts("lmdb", seed=None))
     assert resumed.kept_shards == 2
     assert resumed.manifest.seed == saved["seed"]
@@ -122,7 +122,7 @@ def test_other_options_start_over_or_are_refused_with_resume(
     with pytest.raises(ResumeError, match=r"--max-side was None, now 32") as info:
         pack(source, out, opts("lmdb", max_side=32, resume=True))
     assert "pack without --resume to start over" in str(info.value)
-    assert (partial_path(out) / PLAN_NAME).exists()  # the refused resume touched nothing
+    assert (partial_path(out) / PACK_PLAN).exists()  # the refused resume touched nothing
     with pytest.raises(ResumeError, match=r"packed with --seed 7, not 8"):
         pack(source, out, opts("lmdb", seed=8, resume=True))
 

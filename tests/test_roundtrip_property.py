@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packer import PackOptions, open_reader, pack
-from packer.manifest import Manifest, ShardInfo, Storage, write_manifest
-from packer.reader import Reader, ReaderOptions
-from packer.record import Record, checksum
+from packer.reading.options import ReaderOptions
+from packer.reading.reader import Reader
 from packer.store import ShardMeta, open_shard_reader, open_shard_writer, shard_name
+from packer.store.manifest import Manifest, ShardInfo, Storage, write_manifest
+from packer.store.record import Record, checksum
 
 # -- records through the shard writers and readers --------------------------------------
 

@@ -7,9 +7,9 @@ import zlib
 import numpy as np
 import pytest
 
-from packer import record
-from packer.record import checksum
-from packer.row_checks import each_row_intact, joined_crc, rows_intact
+from packer.store import record
+from packer.store.record import checksum
+from packer.store.row_checks import each_row_intact, joined_crc, rows_intact
 
 
 def _rows(n: int, shape: tuple[int, ...], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

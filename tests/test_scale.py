@@ -12,7 +12,7 @@ from conftest import store_path
 from PIL import Image
 
 from packer import PackOptions, open_reader, pack
-from packer.verify import verify_store
+from packer.store.verify import verify_store
 
 pytestmark = pytest.mark.slow
 

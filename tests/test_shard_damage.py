@@ -12,8 +12,8 @@ import pytest
 from conftest import rewrite_as_legacy_hdf5, write_image
 
 from packer import PackOptions, pack
-from packer.manifest import ShardInfo, read_manifest, write_manifest
 from packer.store.hdf5_store import checksummed_metadata
+from packer.store.manifest import ShardInfo, read_manifest, write_manifest
 
 # Reads one epoch; prints the packer error's one line, or "read N" if nothing was wrong.
 READ_EPOCH = """
@@ -88,8 +88,8 @@ def test_zeroed_offsets_and_checksums_are_not_an_empty_record(photos: Path, tmp_
     CRC-32 of nothing is 0): the fuzz's one wrong read, until an empty payload became damage."""
     import h5py
 
-    from packer.access import open_store
     from packer.errors import CorruptRecordError
+    from packer.store.access import open_store
 
     store = tmp_path / "s.h5"
     pack(photos, store, PackOptions(backend="hdf5", seed=1, shards=1, workers=1))

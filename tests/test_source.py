@@ -9,7 +9,7 @@ import pytest
 from conftest import write_image
 
 from packer.errors import EmptySourceError, LabelsError, SourceError
-from packer.source import load_source
+from packer.packing.source import load_source
 
 
 def test_folder_labels_are_sorted_class_names(image_dir: Path) -> None:

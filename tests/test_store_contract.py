@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tables
 
-from packer.record import Record, checksum, unpack_value
 from packer.store import ShardMeta, hdf5_store, open_shard_reader, open_shard_writer, shard_name
 from packer.store.hdf5_store import PATH_SPAN, SPAN, _Spans
 from packer.store.lmdb_store import GROUP, LmdbShardWriter
+from packer.store.record import Record, checksum, unpack_value
 
 
 def _records(n: int, seed: int = 0, shape: tuple[int, int, int] | None = None) -> list[Record]:

@@ -24,8 +24,8 @@ from conftest import pack_three_ways, rewrite_manifest, write_image
 
 from packer import open_reader, open_store
 from packer.errors import CorruptRecordError, StoreError
-from packer.record import Record, pack_value, unpack_value
 from packer.store.lmdb_store import record_key
+from packer.store.record import Record, pack_value, unpack_value
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "stress_reader.py"

@@ -16,8 +16,6 @@ from conftest import image_bytes, shard_checksum, store_path, write_image
 from PIL import Image
 
 from packer import PackOptions, open_reader, pack, read_manifest
-from packer.access import open_store
-from packer.convert import convert_store
 from packer.errors import (
     CorruptRecordError,
     PackInterrupted,
@@ -25,10 +23,12 @@ from packer.errors import (
     StoreExistsError,
     UsageError,
 )
-from packer.manifest import write_manifest
-from packer.record import Record, pack_value, unpack_value
+from packer.inspect.convert import convert_store
+from packer.inspect.unpack import unpack_store
+from packer.store.access import open_store
 from packer.store.lmdb_store import record_key
-from packer.unpack import unpack_store
+from packer.store.manifest import write_manifest
+from packer.store.record import Record, pack_value, unpack_value
 
 
 def _options(backend: str = "lmdb", **kwargs: object) -> PackOptions:

@@ -20,11 +20,11 @@ from PIL import Image
 
 from packer import PackOptions, open_store, pack
 from packer.errors import ManifestError
-from packer.manifest import ShardInfo, read_manifest, write_manifest
-from packer.record import Record, checksum
 from packer.store import ShardMeta, open_shard_reader, open_shard_writer
 from packer.store.lmdb_store import record_key
-from packer.verify import Problem, VerifyReport, _suspects, verify_store
+from packer.store.manifest import ShardInfo, read_manifest, write_manifest
+from packer.store.record import Record, checksum
+from packer.store.verify import Problem, VerifyReport, _suspects, verify_store
 
 VARIANTS: dict[str, dict[str, object]] = {
     "original": {},
@@ -145,7 +145,7 @@ def test_raw_pixels_in_one_array_are_checked_at_once_and_only_suspects_looked_at
 
 _VERIFY_EACH = """
 import json, sys
-from packer.verify import verify_store
+from packer.store.verify import verify_store
 for store in sys.argv[1:]:
     print(json.dumps(verify_store(store).to_json()), flush=True)
 """

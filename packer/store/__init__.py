@@ -1,4 +1,11 @@
-"""Backends by name. Adding a backend means adding one module and one line here."""
+"""Stores: what is on disk and how it is read back.
+
+    record (one record's bytes) -> base (the shard interface) -> lmdb_store, hdf5_store,
+    pytables_store (the backends) -> manifest (the table of contents, written last)
+    -> access (``open_store``: random access) -> verify (every record checked)
+
+staging is where a pack or a conversion writes until the rename that finishes a store. This
+module names the backends: adding one means adding one module and one line here."""
 
 from __future__ import annotations
 

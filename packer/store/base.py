@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from packer.manifest import Storage
-from packer.record import Block, Record
+from packer.store.manifest import Storage
+from packer.store.record import Block, Record
 
 __all__ = ["ShardMeta", "ShardWriter", "ShardReader", "Fetched", "merge_ranges"]
 
@@ -72,7 +72,7 @@ class ShardWriter(Protocol):
 @dataclass
 class Fetched:
     """Byte ranges of one shard file, read ahead in large sequential requests (see
-    packer.readahead): a shard reader takes a record's bytes from here rather than through
+    packer.reading.readahead): a shard reader takes a record's bytes from here rather than through
     its own small reads. A record outside them is read the usual way."""
 
     ranges: list[tuple[int, memoryview]]  # (file offset, the bytes there), in file order

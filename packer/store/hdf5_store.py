@@ -21,7 +21,7 @@ loop forever. So a damaged shard is an error from libhdf5, never a hang.
 
 Shards packed before this layout (superblock v0, ``/paths`` variable-length UTF-8) still read;
 their metadata has no checksums, so packer checks such a file's hash before libhdf5 parses it
-(``checksummed_metadata``; ``packer.access``).
+(``checksummed_metadata``; ``packer.store.access``).
 
 One flat byte dataset plus offsets, not a vlen dataset: a range of records is then one
 contiguous slice, read in one call and split without copying (scripts/bench_hdf5_layout.py
@@ -43,9 +43,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from packer.manifest import fsync_path
-from packer.record import Block, Record
 from packer.store.base import Fetched, ShardMeta, merge_ranges
+from packer.store.manifest import fsync_path
+from packer.store.record import Block, Record
 
 __all__ = [
     "Hdf5ShardWriter",

@@ -5,7 +5,7 @@ packed order and one cursor walk reads a range. The key ``__packer__`` (sorting 
 digit key) holds the shard's own metadata. Two value layouts:
 
 - "records" (encoded images, raw pixels of many shapes): each value is a whole record,
-  laid out by ``packer.record``.
+  laid out by ``packer.store.record``.
 - "columns" (raw pixels of one shape): each value is the pixels alone, and every
   ``GROUP`` records share one ``__columns__<first index>`` key holding their labels,
   CRC-32s and paths as msgpack. A chunk is then read by copying values, with no
@@ -28,9 +28,9 @@ import lmdb
 import msgpack
 import numpy as np
 
-from packer.record import Block, Record, pack_value, unpack_value
 from packer.store import mapped_pages
 from packer.store.base import Fetched, ShardMeta, merge_ranges
+from packer.store.record import Block, Record, pack_value, unpack_value
 
 __all__ = [
     "LmdbShardWriter",

@@ -19,8 +19,8 @@ import h5py
 import numpy as np
 import tables
 
-from packer.record import Block, Record
 from packer.store.base import Fetched
+from packer.store.record import Block, Record
 
 __all__ = ["find_arrays", "describe_file", "PyTablesShardReader"]
 
@@ -240,7 +240,7 @@ class PyTablesShardReader:
 def describe_file(
     path: Path, images: str | None = None, labels: str | None = None
 ) -> dict[str, Any]:
-    """What a manifest would say about ``path``, for packer.access to build one from."""
+    """What a manifest would say about ``path``, for packer.store.access to build one from."""
     images, labels = find_arrays(path, images, labels)
     reader = PyTablesShardReader(path, images, labels)
     try:

@@ -1,0 +1,335 @@
+"""From spans of records to finished batches: read a window, gather a batch, finish it.
+
+    read_window (sequential reads) -> gather (one NumPy take per column) -> finish_batch
+                                                                         (verify, decode, collate)
+
+``read_window`` and ``gather`` run in the reader's producer thread; ``finish_batch`` runs in
+its pool of decode threads (CRC-32, libjpeg-turbo and Pillow release the GIL for the heavy part).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from packer.errors import CorruptRecordError
+from packer.fork_gate import FORK_GATE
+from packer.reading.epoch import Span
+from packer.store.access import DAMAGE, Store, record_pixels
+from packer.store.base import Fetched
+from packer.store.record import Record, checksum
+from packer.store.row_checks import rows_intact
+
+__all__ = [
+    "Window",
+    "Batch",
+    "read_window",
+    "gather",
+    "concat",
+    "split_window",
+    "finish_batch",
+    "merge_batches",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Window:
+    """The records of a few spans, column by column: the shuffle buffer's contents."""
+
+    data: np.ndarray | list[bytes | memoryview]  # (n, h, w, c) when every record has one shape
+    labels: np.ndarray  # (n, label columns)
+    paths: list[str]
+    crc32: np.ndarray
+    shapes: np.ndarray
+    formats: list[str]
+    shards: np.ndarray  # shard number of each record, for error messages
+    indices: np.ndarray  # global record index of each record
+    # Raw pixels checked as they were read: True where the CRC-32 matched. None: unchecked.
+    intact: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclass
+class Batch:
+    images: np.ndarray | list[Any]
+    labels: Any  # ndarray (n,) for one label column, (n, k) for k columns, (n, 0) for none;
+    # a tensor with output="torch"
+    paths: list[str]
+    skipped: int  # records dropped from this batch by on_error="skip"
+    nbytes: int  # payload bytes read for it
+
+
+def read_window(
+    store: Store,
+    spans: Sequence[Span],
+    fixed_shape: Sequence[int] | None,
+    reuse: np.ndarray | None = None,
+    verify: bool = False,
+    fetched: Callable[[int], Fetched | None] | None = None,
+) -> Window:
+    """Read ``spans`` (one sequential read each) into one Window.
+
+    ``fetched(k)``: the bytes of ``spans[k]`` where they were read ahead (packer.reading.readahead),
+    taken from there rather than read again; asked for one span at a time, so that each
+    span's bytes are let go once its records are read.
+
+    For raw pixels of one shape the records land in one (n, h, w, c) array: ``reuse`` (the
+    previous window's array, once nothing refers to it) saves allocating and faulting in a
+    new one per window. With ``verify`` their CRC-32s are checked as the window is read, in
+    one CRC-32 pass (see row_checks), into the window's ``intact``.
+    """
+    total = sum(len(s) for s in spans)
+    out = None
+    if fixed_shape:
+        fits = reuse is not None and len(reuse) >= total
+        out = reuse[:total] if fits else np.empty((total, *fixed_shape), np.uint8)  # type: ignore[index]
+    starts = store.manifest.shard_starts()
+    blocks, row = [], 0
+    for k, span in enumerate(spans):
+        target = out[row : row + len(span)] if out is not None else None
+        ahead = fetched(k) if fetched is not None else None
+        try:
+            with FORK_GATE:
+                shard = store.shard(span.shard)
+                blocks.append(shard.read_block(span.start, span.stop, target, ahead))
+        except DAMAGE as e:
+            raise store.unreadable(span.shard, span.start, span.stop, e, target) from e
+        row += len(span)
+    data = out if out is not None else [payload for block in blocks for payload in block.data]
+    crc32 = np.concatenate([b.crc32 for b in blocks]) if blocks else np.zeros(0, np.uint32)
+    return Window(
+        data=data,
+        labels=np.concatenate([b.labels for b in blocks]) if blocks else np.zeros((0, 0), np.int64),
+        paths=[p for b in blocks for p in b.paths],
+        crc32=crc32,
+        shapes=np.concatenate([b.shapes for b in blocks]) if blocks else np.zeros((0, 3), np.int32),
+        formats=[f for b in blocks for f in b.formats],
+        shards=np.concatenate([np.full(len(s), s.shard) for s in spans])
+        if spans
+        else np.zeros(0, int),
+        indices=np.concatenate(
+            [np.arange(starts[s.shard] + s.start, starts[s.shard] + s.stop) for s in spans]
+        )
+        if spans
+        else np.zeros(0, int),
+        intact=rows_intact(out, crc32) if verify and out is not None else None,
+    )
+
+
+def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:
+    """The records at positions ``order`` of ``window``, as a new Window (one copy per column).
+
+    ``out``: for pixels of one shape, the rows of a batch to copy them into, so a batch that
+    spans two windows is copied once, not gathered and then joined.
+    """
+    data: np.ndarray | list[bytes | memoryview]
+    if isinstance(window.data, np.ndarray):
+        # mode="clip": the order's indices are in range, and mode="raise" would copy through
+        # a temporary buffer when given ``out``.
+        data = np.take(window.data, order, axis=0, out=out, mode="clip")
+    else:
+        data = [window.data[i] for i in order]
+    return Window(
+        data=data,
+        labels=window.labels[order],
+        paths=[window.paths[i] for i in order],
+        crc32=window.crc32[order],
+        shapes=window.shapes[order],
+        formats=[window.formats[i] for i in order],
+        shards=window.shards[order],
+        indices=window.indices[order],
+        intact=None if window.intact is None else window.intact[order],
+    )
+
+
+def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:
+    """One Window of ``parts`` back to back (a batch that spans two shuffle windows).
+
+    ``data``: the parts' pixels, already side by side (gathered into one array's rows).
+    """
+    if len(parts) == 1:
+        return parts[0]
+    arrays = all(isinstance(p.data, np.ndarray) for p in parts)
+    if data is None:
+        data = np.concatenate([p.data for p in parts]) if arrays else None
+    return Window(
+        data=data if data is not None else [d for p in parts for d in p.data],
+        labels=np.concatenate([p.labels for p in parts]),
+        paths=[x for p in parts for x in p.paths],
+        crc32=np.concatenate([p.crc32 for p in parts]),
+        shapes=np.concatenate([p.shapes for p in parts]),
+        formats=[x for p in parts for x in p.formats],
+        shards=np.concatenate([p.shards for p in parts]),
+        indices=np.concatenate([p.indices for p in parts]),
+        intact=None
+        if any(p.intact is None for p in parts)
+        else np.concatenate([p.intact for p in parts]),
+    )
+
+
+def split_window(window: Window, parts: int) -> list[Window]:
+    """``window`` in up to ``parts`` consecutive pieces of near-equal size (at least 8 records)."""
+    pieces = max(1, min(parts, len(window) // 8))
+    if pieces == 1:
+        return [window]
+    bounds = np.linspace(0, len(window), pieces + 1).astype(int)
+    return [gather(window, np.arange(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def merge_batches(parts: list[Batch], stack: bool = True) -> Batch:
+    """The finished pieces of one batch, back in one Batch; with ``stack`` (no user collate),
+    lists of images become one array when their shapes agree: one copy for the whole batch."""
+    if len(parts) == 1:
+        batch = parts[0]
+    else:
+        batch = Batch(
+            [image for part in parts for image in part.images],
+            np.concatenate([part.labels for part in parts]),
+            [path for part in parts for path in part.paths],
+            sum(part.skipped for part in parts),
+            sum(part.nbytes for part in parts),
+        )
+    if stack and isinstance(batch.images, list):
+        batch.images = _stack(batch.images)
+    return batch
+
+
+def finish_batch(
+    window: Window,
+    *,
+    store: Store,
+    decode: bool,
+    mode: str,
+    verify: bool,
+    on_error: str,
+    transform: Callable[[np.ndarray], Any] | None,
+    size: tuple[int, int] | None,
+    fit: str,
+    collate: Callable[[list[Any]], Any] | None,
+    stop: threading.Event | None = None,
+) -> Batch:
+    """Verify checksums, decode, transform and collate one gathered batch.
+
+    A bad record raises CorruptRecordError naming store, shard, record and original path,
+    or with ``on_error="skip"`` is logged, counted and left out of the batch. Once ``stop``
+    is set (the epoch was abandoned, or Ctrl-C), the next record raises Stopped instead.
+    """
+    # Raw pixels of one shape with nothing to do per image: the batch is already one array.
+    # Only the checksums are per record (checked as read, into ``intact``), and a damaged
+    # record sends the batch down the general path below, which names it.
+    as_stored = transform is None and collate is None and size is None
+    checked = not verify or (window.intact is not None and bool(window.intact.all()))
+    if isinstance(window.data, np.ndarray) and as_stored and checked:
+        labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
+        return Batch(window.data, labels, window.paths, 0, window.data.nbytes)
+    images: list[Any] = []
+    keep: list[int] = []
+    # What the user's code gets must be writable; images bound for merge_batches' stack are
+    # copied there anyway, so they are not copied here too.
+    writable = transform is not None or collate is not None
+    one_image = partial(
+        _one_image, decode=decode, mode=mode, verify=verify, writable=writable, size=size, fit=fit
+    )
+    for i in range(len(window)):
+        if stop is not None and stop.is_set():
+            raise Stopped("the epoch was stopped")
+        try:
+            image = one_image(window, i)
+        except Exception as e:  # name the record it concerns, whatever went wrong
+            reason = (
+                str(e) if isinstance(e, _Damaged) else f"does not decode: {type(e).__name__}: {e}"
+            )
+            error = CorruptRecordError(
+                str(store.path),
+                store.manifest.shards[int(window.shards[i])].file,
+                int(window.indices[i]),
+                window.paths[i],
+                reason,
+            )
+            if on_error != "skip":
+                raise error from e
+            log.warning("skipped %s", error)
+            continue
+        if transform is not None:
+            try:
+                image = transform(image)
+            except Exception as e:  # the user's own code: re-raised as it is, with a pointer
+                if hasattr(e, "add_note"):
+                    e.add_note(
+                        f"packer: in transform of record {int(window.indices[i])} ({window.paths[i]})"
+                    )
+                raise
+        images.append(image)
+        keep.append(i)
+    labels = window.labels[keep] if len(keep) != len(window) else window.labels
+    if labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if collate is not None:
+        stacked: np.ndarray | list[Any] = collate(images)
+    else:
+        stacked = images  # stacked by merge_batches, once for the whole batch
+    nbytes = (
+        window.data.nbytes
+        if isinstance(window.data, np.ndarray)
+        else sum(len(d) for d in window.data)
+    )
+    return Batch(stacked, labels, [window.paths[i] for i in keep], len(window) - len(keep), nbytes)
+
+
+def _one_image(
+    window: Window,
+    i: int,
+    *,
+    decode: bool,
+    mode: str,
+    verify: bool,
+    writable: bool,
+    size: tuple[int, int] | None,
+    fit: str,
+) -> Any:
+    payload = window.data[i]
+    if verify and not (
+        window.intact[i] if window.intact is not None else checksum(payload) == window.crc32[i]
+    ):
+        raise _Damaged("checksum mismatch (the stored bytes are damaged)")
+    if isinstance(payload, np.ndarray):  # raw pixels of the store's one shape
+        if size is None:
+            return payload
+        shape, fmt = payload.shape, "raw"
+    elif decode or window.formats[i] == "raw":
+        shape, fmt = window.shapes[i], window.formats[i]
+    else:
+        return bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
+    h, w, c = (int(v) for v in shape)
+    record = Record(payload, (), window.paths[i], 0, (h, w, c), fmt)
+    return record_pixels(record, mode, writable, size, fit)
+
+
+class Stopped(Exception):
+    """A batch given up on because its epoch stopped; nobody waits for it."""
+
+
+class _Damaged(Exception):
+    """A payload that fails its checksum."""
+
+
+def _stack(images: list[Any]) -> np.ndarray | list[Any]:
+    """One array when every image is an array of one shape, else the list, every array in it
+    writable (a transform may write in place)."""
+    if images and all(isinstance(im, np.ndarray) for im in images):
+        first = images[0].shape
+        if all(im.shape == first for im in images):
+            return np.stack(images)
+    return [
+        im.copy() if isinstance(im, np.ndarray) and not im.flags.writeable else im for im in images
+    ]

@@ -1,0 +1,127 @@
+"""What a reader is asked for: its options, checked once, and the defaults that depend on the
+store (chunk size) or on the job (rank and world size)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from packer.arguments import check_workers
+from packer.errors import UsageError
+from packer.imaging.decode import DEFAULT_MAX_PIXELS
+from packer.imaging.resizing import FITS
+from packer.reading import epoch as plan
+
+__all__ = ["ReaderOptions", "rank_and_world", "default_chunk_size"]
+
+_CHUNK_BYTES = 32 << 20  # default chunk: about this many payload bytes per sequential read
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    chunk_size: int | None = None  # None: about 32 MB of payload, and at least 64 chunks
+    buffer_chunks: int = 8
+    # Chunks whose bytes are read ahead of the reader, in large sequential requests
+    # (packer.reading.readahead); 0: none. None: 2 for a store larger than the memory available,
+    # which the page cache cannot serve; 0 for one it can (reading ahead would only add a
+    # copy to epochs read from memory: 1.1-1.7x their time).
+    read_ahead: int | None = None
+    prefetch: int = 4
+    # At an epoch's end, go on prefetching the next one, so it starts without a wait.
+    across_epochs: bool = True
+    workers: int | None = None  # decode threads; None: all cores
+    decode: bool = True
+    transform: Callable[[Any], Any] | None = None
+    collate: Callable[[list[Any]], Any] | None = None
+    drop_last: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    remainder: str = "drop"  # when records don't divide among ranks: drop / pad / uneven
+    on_error: str = "raise"
+    verify: bool = True
+    mode: str | None = None  # colour mode to decode to; None: the store's own
+    # Resize every image to (height, width) as it is decoded (JPEGs at a reduced scale
+    # first, then packer.imaging.resizing), ``fit`` as for packing: "crop", "pad" or "stretch".
+    size: tuple[int, int] | None = None
+    fit: str = "crop"
+    output: str = "numpy"  # or "torch"
+    pin_memory: bool = False
+    device: str | None = None
+    with_paths: bool = False
+    images: str | None = None  # a plain HDF5 file: the image array's path, where not clear
+    labels: str | None = None  # ... and the label array's
+    worker: tuple[int, int] | None = None  # (id, count) inside a DataLoader; set by packer.torch
+
+    def __post_init__(self) -> None:
+        positive = ("batch_size", "buffer_chunks", "prefetch", "chunk_size", "workers")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        if self.workers is not None:
+            check_workers(self.workers, f"workers={self.workers}")  # thousands would thrash
+        ahead = self.read_ahead
+        if ahead is not None and (not isinstance(ahead, int) or ahead < 0):
+            raise UsageError(f"read_ahead must be a whole number of chunks, not {ahead!r}")
+        choices = {
+            "on_error": ("raise", "skip"),
+            "output": ("numpy", "torch"),
+            "remainder": plan.REMAINDERS,
+            "fit": FITS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise UsageError(
+                    f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
+                )
+        if self.size is not None:
+            pair = isinstance(self.size, (tuple, list)) and len(self.size) == 2
+            if not pair or not all(isinstance(v, int) and v > 0 for v in self.size):
+                raise UsageError(f"size must be (height, width) in pixels, not {self.size!r}")
+            if self.size[0] * self.size[1] > DEFAULT_MAX_PIXELS:
+                raise UsageError(
+                    f"size {tuple(self.size)} is {self.size[0] * self.size[1]:,} pixels, over "
+                    f"the limit of {DEFAULT_MAX_PIXELS:,} the reader decodes an image to"
+                )
+            if not self.decode:
+                raise UsageError("size needs decode=True: encoded bytes cannot be resized")
+            object.__setattr__(self, "size", tuple(self.size))  # a list would not hash
+        if (self.pin_memory or self.device) and self.output != "torch":
+            raise UsageError("pin_memory and device need output='torch'")
+
+
+def rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
+    """Explicit values, else torch.distributed when initialised, else RANK / WORLD_SIZE."""
+    if rank is None or world is None:
+        found = _distributed()
+        if found is None:
+            found = (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+        rank = found[0] if rank is None else rank
+        world = found[1] if world is None else world
+    if not 0 <= rank < world:
+        raise UsageError(f"rank {rank} is out of range for world_size {world}")
+    return rank, world
+
+
+def _distributed() -> tuple[int, int] | None:
+    import sys
+
+    if "torch" not in sys.modules:  # never import torch just to ask
+        return None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def default_chunk_size(stats: dict[str, Any], num_records: int) -> int:
+    mean = (stats.get("payload_bytes") or {}).get("mean") or 100_000
+    by_bytes = max(1, int(_CHUNK_BYTES // max(mean, 1)))
+    return max(1, min(by_bytes, math.ceil(num_records / 64), 4096))

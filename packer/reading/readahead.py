@@ -1,0 +1,222 @@
+"""Reading ahead: the bytes of an epoch's next chunks read in large sequential requests,
+in a thread of their own, while the chunks before them are gathered and decoded.
+
+    spans, in read order -> [read-ahead thread: extents, then reads front to back] -> take(i)
+                                                                         -> read_window
+
+A store is mostly larger than memory, on a disk or share whose cost is per request. Read
+through a memory map or HDF5's own small reads, the chunks of a shuffled epoch become many
+small requests (a page fault's read-around, a column's slice), each paying the device's
+per-request price, and nothing is read while a window decodes. Here each chunk's byte ranges
+(its payloads, as the shard reader tells them) are read front to back in 512 KB steps, which
+the kernel's sequential read-ahead turns into requests of a megabyte or more, up to
+``depth`` chunks ahead of the reader. The shard readers then take the payloads from these
+bytes, so they are not copied again. Anything this thread cannot read (no extents, a short
+file, damage) is left to the usual reads, which report it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+from packer.fork_gate import FORK_GATE
+from packer.reading.epoch import Span
+from packer.store.access import Store
+from packer.store.base import Fetched
+
+__all__ = ["ReadAhead", "SUPPORTED", "AUTO_DEPTH", "memory_for_cache", "store_bytes"]
+
+# Consecutive reads of this size let the kernel's read-ahead grow its window and the page
+# cache's folios, so the device sees requests of 1 MB and more; one read of a whole range
+# is split into small requests instead (measured on a throttled loop device:
+# docs/benchmarks/storage.md).
+_STEP = 512 << 10
+_OPEN_FILES = 16
+AUTO_DEPTH = 2  # chunks read ahead by default: two keep a disk busy while one is taken
+# POSIX with the kernel's advice (Linux, the BSDs); elsewhere the reader reads as it did.
+SUPPORTED = hasattr(os, "preadv") and hasattr(os, "posix_fadvise")
+
+
+class ReadAhead:
+    """Reads the byte ranges of ``spans`` of the store at ``path``, in order, at most
+    ``depth`` spans ahead of the last one taken. Not thread-safe: one thread takes."""
+
+    def __init__(self, path: Path, spans: Sequence[Span], depth: int) -> None:
+        self._path, self._spans, self._depth = path, list(spans), depth
+        # A store larger than the memory there is cannot stay in the page cache anyway:
+        # its bytes are dropped from it once copied here.
+        self._uncached = store_bytes(path) > memory_for_cache()
+        self._ready: dict[int, Fetched | None] = {}
+        self._wanted = 0  # the first span the reader may still ask for
+        self._done = False  # the thread has ended: spans not ready will never be
+        self._closed = False
+        self._lock = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="packer-read-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, index: int) -> Fetched | None:
+        """The fetched bytes of span ``index``, waiting for them; None where they were not
+        read (the caller reads the span itself). Spans before ``index`` are given up."""
+        with self._lock:
+            self._wanted = max(self._wanted, index)
+            for passed in [i for i in self._ready if i < index]:
+                del self._ready[passed]
+            self._lock.notify_all()
+            while index not in self._ready and not self._done:
+                self._lock.wait()
+            self._wanted = max(self._wanted, index + 1)
+            self._lock.notify_all()
+            return self._ready.pop(index, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._ready.clear()
+            self._lock.notify_all()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        store: Store | None = None
+        files = _Files()
+        warmed: set[int] = set()  # shards whose index bytes were read
+        try:
+            store = Store(self._path)
+            for index, span in enumerate(self._spans):
+                with self._lock:
+                    while not self._closed and index >= self._wanted + self._depth:
+                        self._lock.wait()
+                    if self._closed:
+                        return
+                    if index < self._wanted:  # passed by already
+                        continue
+                fetched = self._fetch(store, files, span, warmed)
+                with self._lock:
+                    self._ready[index] = fetched
+                    self._lock.notify_all()
+        except Exception:  # the store cannot be opened here: the reads proper will say why
+            pass
+        finally:
+            with self._lock:
+                self._done = True
+                self._lock.notify_all()
+            files.close()
+            if store is not None:
+                with FORK_GATE:
+                    store.close()
+
+    def _fetch(self, store: Store, files: _Files, span: Span, warmed: set[int]) -> Fetched | None:
+        try:
+            with FORK_GATE:  # HDF5's and LMDB's locks must not be held across a fork
+                shard = store.shard(span.shard)
+                ranges = shard.extents(span.start, span.stop)
+                index = shard.index_extents() if span.shard not in warmed else []
+            warmed.add(span.shard)
+            fds = files.get(store.path / store.manifest.shards[span.shard].file)
+            for offset, length in index:  # into the page cache, for the reader's own reads
+                _read(fds, offset, length)
+            got = [(offset, _read(fds, offset, length)) for offset, length in ranges]
+            if self._uncached:  # our copy is the one used: the cache's would only crowd out
+                for offset, length in ranges:  # the pages still being read ahead
+                    os.posix_fadvise(fds.exact, offset, length, os.POSIX_FADV_DONTNEED)
+        except Exception:  # damage or an unreadable file: the read proper names it
+            return None
+        if not got or any(data is None for _, data in got):
+            return None
+        return Fetched([(offset, data) for offset, data in got if data is not None])
+
+
+def store_bytes(path: Path) -> int:
+    """Bytes of the files of the store at ``path``."""
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def memory_for_cache() -> int:
+    """Bytes the page cache may hold for this process: the memory available on the machine,
+    or under this process's cgroup limit where that is less (a container, a job's cap)."""
+    available = 1 << 62
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) << 10
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, group = line.split(":", 2)
+            if controllers in ("", "memory") or "memory" in controllers.split(","):
+                v1 = Path("/sys/fs/cgroup/memory") / group.lstrip("/") / "memory.limit_in_bytes"
+                v2 = Path("/sys/fs/cgroup") / group.lstrip("/") / "memory.max"
+                for limit in (v1, v2):
+                    if limit.is_file() and limit.read_text().strip().isdigit():
+                        available = min(available, int(limit.read_text()))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def _read(fds: _Descriptors, offset: int, length: int) -> memoryview | None:
+    """``length`` bytes of the file at ``offset``, read front to back in _STEP reads; None
+    if the file ends first. The last ``fds.tail`` bytes are read without the kernel's
+    read-ahead: it would run on past the range, into bytes nobody asked for."""
+    view = memoryview(bytearray(length))
+    done = 0
+    tail = max(0, length - fds.tail)
+    while done < length:
+        fd = fds.sequential if done < tail else fds.exact
+        n = os.preadv(
+            fd, [view[done : min(done + _STEP, length if done >= tail else tail)]], offset + done
+        )
+        if n <= 0:
+            return None
+        done += n
+    return view
+
+
+class _Descriptors:
+    """Two descriptors of one file: one the kernel reads ahead on, one it does not."""
+
+    def __init__(self, path: Path) -> None:
+        self.sequential = os.open(path, os.O_RDONLY)
+        self.exact = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(self.exact, 0, 0, os.POSIX_FADV_RANDOM)
+        # The kernel reads up to two windows ahead of a sequential reader.
+        self.tail = 2 * _window_bytes(self.sequential)
+
+    def close(self) -> None:
+        os.close(self.sequential)
+        os.close(self.exact)
+
+
+def _window_bytes(fd: int) -> int:
+    """The kernel's read-ahead window for the device holding ``fd``'s file (its backing
+    device's read_ahead_kb: a disk's, or a network file system's); 2 MB where unknown."""
+    device = os.fstat(fd).st_dev
+    try:
+        text = Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb")
+        return int(text.read_text()) << 10
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+class _Files:
+    """Descriptors of the shard files read lately, at most _OPEN_FILES of them. The reads
+    go through descriptors of their own: the kernel keeps read-ahead state per descriptor,
+    and these read nothing but ranges front to back."""
+
+    def __init__(self) -> None:
+        self._open: OrderedDict[Path, _Descriptors] = OrderedDict()
+
+    def get(self, path: Path) -> _Descriptors:
+        fds = self._open.get(path)
+        if fds is None:
+            fds = self._open[path] = _Descriptors(path)
+            while len(self._open) > _OPEN_FILES:
+                self._open.popitem(last=False)[1].close()
+        self._open.move_to_end(path)
+        return fds
+
+    def close(self) -> None:
+        for fds in self._open.values():
+            fds.close()
+        self._open.clear()
