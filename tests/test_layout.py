@@ -103,6 +103,7 @@ def test_each_flow_is_a_folder() -> None:
         "__main__",
         "about",
         "arguments",
+        "augment",
         "errors",
         "fork_gate",
         "lifeline",

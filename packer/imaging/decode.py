@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from packer.fork_gate import FORK_GATE
-from packer.imaging import jpeg_turbo, resizing
+from packer.imaging import cropping, jpeg_turbo, resizing
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -38,6 +38,7 @@ __all__ = [
     "output_mode",
     "normalize_mode",
     "decode_resized",
+    "decode_placed",
     "from_array",
     "encode",
     "to_array",
@@ -271,6 +272,39 @@ def decode_resized(
         im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
         pixels = to_array(im, writable=False)
     return resizing.resize(pixels, max_side, size, fit)
+
+
+def decode_placed(
+    source: bytes | memoryview,
+    place: Callable[[int, int], cropping.Placement],
+    mode: str = "RGB",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> np.ndarray:
+    """Decoded upright in ``mode`` and drawn as ``place(height, width)`` puts it (a crop,
+    resize, pad and mirror in one; ``cropping.render``), as a new height x width x channels
+    uint8 array. ``place`` is asked once, with the upright size, before any pixel is
+    decoded, so a JPEG is decoded only at the smallest reduced scale (1/2, 1/4, 1/8) at
+    which the placed region keeps every pixel the output needs."""
+    asked: list[tuple[int, int, cropping.Placement]] = []
+
+    def placed(height: int, width: int) -> cropping.Placement:
+        if not asked:
+            asked.append((height, width, place(height, width)))
+        return asked[0][2]
+
+    def shrink_to(width: int, height: int) -> tuple[int, int]:
+        return cropping.least_decoded(placed(height, width), height, width)
+
+    turbo = _decoded_by_turbo(source, mode, max_pixels, shrink_to)
+    if turbo is not None:
+        pixels = jpeg_turbo.upright(*turbo)
+    else:
+        im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
+        pixels = to_array(im, writable=False)
+    if not asked:  # not a JPEG: decoded at full size, placed now
+        placed(pixels.shape[0], pixels.shape[1])
+    height, width, placement = asked[0]
+    return cropping.render(pixels, placement, height, width)
 
 
 def from_array(pixels: np.ndarray) -> Image.Image:

@@ -21,7 +21,7 @@ import numpy as np
 
 from packer.fork_gate import FORK_GATE
 
-__all__ = ["FITS", "load", "resize", "resized_size"]
+__all__ = ["FITS", "load", "resize", "resized_size", "scale_to", "sample_box"]
 
 FITS = ("crop", "pad", "stretch")
 
@@ -94,6 +94,13 @@ def resize(
     return canvas
 
 
+def scale_to(pixels: np.ndarray, to: tuple[int, int]) -> np.ndarray:
+    """``pixels`` scaled to ``to`` (width, height) as ``resize`` scales (a box average by a
+    whole factor first where it shrinks by more than half, then bilinear): itself if already
+    that size and contiguous, else a new array."""
+    return _scaled(pixels, to)
+
+
 def _scaled(pixels: np.ndarray, to: tuple[int, int]) -> np.ndarray:
     """``pixels`` scaled to ``to`` (width, height): itself if it already is that size and
     contiguous, else a new array."""
@@ -117,6 +124,25 @@ def _scaled(pixels: np.ndarray, to: tuple[int, int]) -> np.ndarray:
     # 2-D array for one.
     pixels = cv2.resize(pixels, to, interpolation=cv2.INTER_LINEAR).reshape(to[1], to[0], -1)
     return _unpremultiplied(pixels) if weighted else pixels
+
+
+def sample_box(
+    pixels: np.ndarray,
+    origin: tuple[float, float],
+    step: tuple[float, float],
+    to: tuple[int, int],
+) -> np.ndarray:
+    """``to`` (width, height) pixels sampled bilinearly from ``pixels`` (1 or 3 channels), the
+    output's pixel (x, y) covering the input's from ``origin`` + (x, y) * ``step``, in input
+    pixels (fractions allowed): a resize of a region whose edges fall between pixels. Without
+    a box average first, so for steps of at most 2. Edges beyond the image repeat its border."""
+    cv2 = _cv2()
+    (x0, y0), (sx, sy) = origin, step
+    # The inverse map, pixel centres to pixel centres: out (x + 0.5) -> in x0 + (x + 0.5) * sx.
+    matrix = np.array([[sx, 0.0, x0 + 0.5 * sx - 0.5], [0.0, sy, y0 + 0.5 * sy - 0.5]])
+    flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+    out = cv2.warpAffine(pixels, matrix, to, flags=flags, borderMode=cv2.BORDER_REPLICATE)
+    return out.reshape(to[1], to[0], -1)
 
 
 def _premultiplied(pixels: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from packer.augment import Augment, record_rng
 from packer.errors import CorruptRecordError
 from packer.fork_gate import FORK_GATE
 from packer.reading.epoch import Span
@@ -217,17 +218,21 @@ def finish_batch(
     fit: str,
     collate: Callable[[list[Any]], Any] | None,
     stop: threading.Event | None = None,
+    augment: Augment | None = None,
+    seed: int = 0,
+    epoch: int = 0,
 ) -> Batch:
     """Verify checksums, decode, transform and collate one gathered batch.
 
     A bad record raises CorruptRecordError naming store, shard, record and original path,
     or with ``on_error="skip"`` is logged, counted and left out of the batch. Once ``stop``
     is set (the epoch was abandoned, or Ctrl-C), the next record raises Stopped instead.
+    ``augment`` runs on each record with its draws keyed by (``seed``, ``epoch``, record).
     """
     # Raw pixels of one shape with nothing to do per image: the batch is already one array.
     # Only the checksums are per record (checked as read, into ``intact``), and a damaged
     # record sends the batch down the general path below, which names it.
-    as_stored = transform is None and collate is None and size is None
+    as_stored = transform is None and collate is None and size is None and augment is None
     checked = not verify or (window.intact is not None and bool(window.intact.all()))
     if isinstance(window.data, np.ndarray) and as_stored and checked:
         labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
@@ -238,7 +243,16 @@ def finish_batch(
     # copied there anyway, so they are not copied here too.
     writable = transform is not None or collate is not None
     one_image = partial(
-        _one_image, decode=decode, mode=mode, verify=verify, writable=writable, size=size, fit=fit
+        _one_image,
+        decode=decode,
+        mode=mode,
+        verify=verify,
+        writable=writable,
+        size=size,
+        fit=fit,
+        augment=augment,
+        seed=seed,
+        epoch=epoch,
     )
     for i in range(len(window)):
         if stop is not None and stop.is_set():
@@ -296,6 +310,9 @@ def _one_image(
     writable: bool,
     size: tuple[int, int] | None,
     fit: str,
+    augment: Augment | None,
+    seed: int,
+    epoch: int,
 ) -> Any:
     payload = window.data[i]
     if verify and not (
@@ -303,7 +320,7 @@ def _one_image(
     ):
         raise _Damaged("checksum mismatch (the stored bytes are damaged)")
     if isinstance(payload, np.ndarray):  # raw pixels of the store's one shape
-        if size is None:
+        if size is None and augment is None:
             return payload
         shape, fmt = payload.shape, "raw"
     elif decode or window.formats[i] == "raw":
@@ -312,6 +329,9 @@ def _one_image(
         return bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
     h, w, c = (int(v) for v in shape)
     record = Record(payload, (), window.paths[i], 0, (h, w, c), fmt)
+    if augment is not None:
+        rng = record_rng(seed, epoch, int(window.indices[i])) if augment.random else None
+        return record_pixels(record, mode, place=partial(augment.place, rng=rng))
     return record_pixels(record, mode, writable, size, fit)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packer.arguments import check_workers
+from packer.augment import Augment
 from packer.errors import UsageError
 from packer.imaging.decode import DEFAULT_MAX_PIXELS
 from packer.imaging.resizing import FITS
@@ -50,6 +51,9 @@ class ReaderOptions:
     # first, then packer.imaging.resizing), ``fit`` as for packing: "crop", "pad" or "stretch".
     size: tuple[int, int] | None = None
     fit: str = "crop"
+    # Steps from packer.augment (RandomResizedCrop, RandomHorizontalFlip, Resize,
+    # CenterCrop), run as each image is decoded, their draws keyed by (seed, epoch, record).
+    augment: tuple[Any, ...] | None = None
     output: str = "numpy"  # or "torch"
     pin_memory: bool = False
     device: str | None = None
@@ -92,8 +96,20 @@ class ReaderOptions:
             if not self.decode:
                 raise UsageError("size needs decode=True: encoded bytes cannot be resized")
             object.__setattr__(self, "size", tuple(self.size))  # a list would not hash
+        if self.augment is not None:
+            steps = Augment(self.augment)  # checks them: one line for what is wrong
+            if self.size is not None:
+                raise UsageError("augment sets the output size: pass size or augment, not both")
+            if not self.decode:
+                raise UsageError("augment needs decode=True: encoded bytes cannot be cropped")
+            object.__setattr__(self, "augment", steps.steps)  # a list would not hash
         if (self.pin_memory or self.device) and self.output != "torch":
             raise UsageError("pin_memory and device need output='torch'")
+
+    @property
+    def augmenting(self) -> Augment | None:
+        """The ``augment`` steps, ready to run; None without any."""
+        return None if self.augment is None else Augment(self.augment)
 
 
 def rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:

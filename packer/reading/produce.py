@@ -67,7 +67,7 @@ class Producer:
         self._spare_windows: list[np.ndarray] = []
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
-        if options.size is not None:
+        if options.size is not None or options.augment is not None:
             resizing.load()
         if options.output == "torch":
             import packer.reading.to_torch  # noqa: F401
@@ -110,6 +110,9 @@ class Producer:
             fit=opts.fit,
             collate=opts.collate,
             stop=stop,
+            augment=opts.augmenting,
+            seed=opts.seed,
+            epoch=epoch,
         )
         mover = _gpu_mover(opts)
         workers = opts.workers or default_workers()
@@ -118,6 +121,7 @@ class Producer:
         # would only add two thread hops per batch.
         raw = self.manifest.storage.payload == "raw" and self.manifest.storage.shape is not None
         ready = raw and opts.transform is None and opts.collate is None and opts.size is None
+        ready = ready and opts.augment is None
         # Batches with work per image are split among the threads, so even the first batch
         # of an epoch, which nothing can prefetch, is ready in 1/workers of the time; a
         # user's collate wants the whole batch.

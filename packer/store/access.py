@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -18,8 +18,8 @@ import lmdb
 import numpy as np
 
 from packer.errors import CorruptRecordError, StoreError, UsageError
+from packer.imaging import cropping, resizing
 from packer.imaging import decode as imaging
-from packer.imaging import resizing
 from packer.store import ShardReader, open_shard_reader
 from packer.store.hdf5_store import checksummed_metadata
 from packer.store.manifest import Manifest, ShardInfo, Storage, file_checksum, read_manifest
@@ -331,10 +331,18 @@ def record_pixels(
     writable: bool = True,
     size: tuple[int, int] | None = None,
     fit: str = "crop",
+    place: Callable[[int, int], cropping.Placement] | None = None,
 ) -> np.ndarray:
     """A record's image as height x width x channels uint8, upright, resized to ``size``
     (height, width) if given; ``writable=False`` where the caller copies it anyway (a view
-    of the payload or of Pillow's bytes: no copy)."""
+    of the payload or of Pillow's bytes: no copy). ``place(height, width)``: where the
+    upright image goes in the output instead (``imaging.decode_placed``), a new array."""
+    if place is not None:
+        if record.format == "raw":
+            stored = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
+            height, width = record.shape[0], record.shape[1]
+            return cropping.render(stored, place(height, width), height, width)
+        return imaging.decode_placed(bytes(record.data), place, mode)
     if record.format == "raw":
         stored = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
         pixels = stored if size is None else resizing.resize(stored, size=size, fit=fit)
