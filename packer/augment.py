@@ -8,8 +8,8 @@ the names and defaults of torchvision's: ``RandomResizedCrop``, ``RandomHorizont
 
 The steps of a list collapse into one Placement (``packer.imaging.cropping``): which region
 of the source lands where in the output. A JPEG is then decoded only at the scale that
-region needs and resampled once. Every random draw comes from a generator keyed by
-(seed, epoch, record index in the store), never from thread timing, so the same store, seed
+region needs and resampled once. Every random draw comes from a counter-based generator
+keyed by (seed, epoch, record index in the store), never from thread timing, so the same store, seed
 and epoch give the same pixels with any ``workers``, ``prefetch``, batch size or resume point.
 """
 
@@ -31,6 +31,7 @@ __all__ = [
     "Resize",
     "CenterCrop",
     "Augment",
+    "RecordDraws",
     "record_rng",
 ]
 
@@ -96,7 +97,7 @@ class RandomResizedCrop:
         object.__setattr__(self, "interpolation", "bilinear")
 
     def get_params(
-        self, height: int, width: int, rng: np.random.Generator
+        self, height: int, width: int, rng: RecordDraws | np.random.Generator
     ) -> tuple[int, int, int, int]:
         """The crop (top, left, height, width) for an image of ``height`` x ``width``, as
         torchvision's ``RandomResizedCrop.get_params`` draws it, from ``rng``."""
@@ -177,9 +178,49 @@ class CenterCrop:
 STEPS = (RandomResizedCrop, RandomHorizontalFlip, Resize, CenterCrop)
 
 
-def record_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The generator of one record's draws in one epoch: a pure function of the three."""
-    return np.random.default_rng([seed & (2**64 - 1), epoch, index])
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: splitmix64's step
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit ints whose every output bit depends on
+    every input bit."""
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EB & _MASK
+    return value ^ (value >> 31)
+
+
+class RecordDraws:
+    """The random numbers of one record in one epoch: a counter-based generator (splitmix64
+    over a key made from seed, epoch and record), so the k-th draw is a pure function of
+    (seed, epoch, record, k) in any thread and any order. Has the methods of
+    ``numpy.random.Generator`` that the steps use. Made in about 1 us, where a NumPy
+    generator took 27 us (SeedSequence hashing): per record, under the GIL."""
+
+    __slots__ = ("_key", "_count")
+
+    def __init__(self, seed: int, epoch: int, index: int) -> None:
+        key = _mix((seed & _MASK) ^ 0x243F6A8885A308D3)
+        key = _mix(key ^ (epoch & _MASK))
+        self._key = _mix(key ^ (index & _MASK))
+        self._count = 0
+
+    def random(self) -> float:
+        """A float in [0, 1), 53 random bits."""
+        self._count += 1
+        return (_mix((self._key + self._count * _GOLDEN) & _MASK) >> 11) * (1.0 / (1 << 53))
+
+    def uniform(self, low: float, high: float) -> float:
+        return low + (high - low) * self.random()
+
+    def integers(self, low: int, high: int) -> int:
+        """An int in [low, high)."""
+        return low + min(int(self.random() * (high - low)), high - low - 1)
+
+
+def record_rng(seed: int, epoch: int, index: int) -> RecordDraws:
+    """The draws of one record in one epoch: a pure function of the three."""
+    return RecordDraws(seed, epoch, index)
 
 
 class Augment:
@@ -210,7 +251,9 @@ class Augment:
                 shape = None if isinstance(step.size, int) else step.size
         return shape
 
-    def place(self, height: int, width: int, rng: np.random.Generator | None) -> cropping.Placement:
+    def place(
+        self, height: int, width: int, rng: RecordDraws | np.random.Generator | None
+    ) -> cropping.Placement:
         """Where the steps put an upright ``height`` x ``width`` image, drawing from ``rng``."""
         placed = cropping.whole(height, width)
         for step in self.steps:

@@ -9,7 +9,10 @@
 Without --store, the demo set (scripts/make_demo_data.py) is generated twice with different
 seeds, a training folder and a held-out folder, checked disjoint (no file of one has the bytes
 of a file of the other), and both are packed; all of it is cached under --workdir. The
-loaders give the same images, decoded upright in RGB and resized to --image-size:
+loaders give the same images, decoded upright in RGB; training images get the standard
+augmentation (a RandomResizedCrop to --image-size and a random horizontal flip; packer's
+reader runs packer.augment's, the folder loaders draw the same kind of crop with Pillow;
+--no-augment: resized whole instead), held-out images are resized to --image-size:
 
   packer      open_reader over the store of original bytes; decode + resize in its threads
   packer-raw  open_reader over a store packed with --raw --size SxS --fit stretch
@@ -48,6 +51,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from packer import PackOptions, open_reader, pack
 from packer.arguments import default_workers
+from packer.augment import RandomHorizontalFlip, RandomResizedCrop
 from packer.store.access import open_manifest
 from packer.torch_adapter import TorchDataset
 
@@ -159,10 +163,23 @@ class PixelsResized:
         )
 
 
-class ImageFolderDataset(Dataset[tuple[torch.Tensor, int]]):
-    """What torchvision's ImageFolder does: one folder per class, sorted names -> 0, 1, ..."""
+def augmented(path: Path, size: int, rng: np.random.Generator) -> np.ndarray:
+    """The folder loaders' training augmentation, with Pillow: the crop box drawn as
+    torchvision's RandomResizedCrop draws it, resized to size x size, flipped half the time."""
+    with Image.open(path) as image:
+        rgb = ImageOps.exif_transpose(image).convert("RGB")
+    top, left, h, w = RandomResizedCrop(size).get_params(rgb.height, rgb.width, rng)
+    crop = rgb.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+    pixels = np.array(crop)
+    return np.ascontiguousarray(pixels[:, ::-1]) if rng.random() < 0.5 else pixels
 
-    def __init__(self, root: Path, size: int) -> None:
+
+class ImageFolderDataset(Dataset[tuple[torch.Tensor, int]]):
+    """What torchvision's ImageFolder does: one folder per class, sorted names -> 0, 1, ...
+    With ``augment``, each image is a random crop and flip (``augmented``), drawn from the
+    process's own generator, as torchvision's transforms draw theirs."""
+
+    def __init__(self, root: Path, size: int, augment: bool = False) -> None:
         self.classes = sorted(d.name for d in root.iterdir() if d.is_dir() and d.name[0] != ".")
         self.samples = [
             (path, label)
@@ -171,12 +188,16 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, int]]):
             if path.is_file() and path.name[0] != "."
         ]
         self.size = size
+        self.augment = augment
+        self.rng = np.random.default_rng()
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
+        if self.augment:
+            return torch.from_numpy(augmented(path, self.size, self.rng)), label
         return torch.from_numpy(load_file(path, self.size)), label
 
 
@@ -202,7 +223,7 @@ def reader_options(store: Path, args: argparse.Namespace, shuffle: bool) -> dict
     """open_reader's options, shared by the in-process reader and the DataLoader workers."""
     shape = open_manifest(store).storage.shape
     fits = shape is not None and shape[:2] == [args.image_size, args.image_size]
-    return {
+    options: dict[str, Any] = {
         "batch_size": args.batch_size,
         "shuffle": shuffle,
         "seed": args.seed,
@@ -210,6 +231,10 @@ def reader_options(store: Path, args: argparse.Namespace, shuffle: bool) -> dict
         "transform": None if fits else PixelsResized(args.image_size),
         "output": "torch",
     }
+    if shuffle and args.augment:  # training: crops and flips drawn per (seed, epoch, record)
+        options["augment"] = [RandomResizedCrop(args.image_size), RandomHorizontalFlip()]
+        options["transform"] = None
+    return options
 
 
 class PackerFeed(Feed):
@@ -255,7 +280,7 @@ class PackerWorkersFeed(Feed):
 class DataLoaderFeed(Feed):
     def __init__(self, folder: Path, args: argparse.Namespace, shuffle: bool) -> None:
         self.loader = DataLoader(
-            ImageFolderDataset(folder, args.image_size),
+            ImageFolderDataset(folder, args.image_size, augment=shuffle and args.augment),
             batch_size=args.batch_size,
             shuffle=shuffle,
             num_workers=args.workers,
@@ -272,18 +297,19 @@ class PillowFeed(Feed):
     """The baseline: a shuffled list of files, each opened and decoded when the loop needs it."""
 
     def __init__(self, folder: Path, args: argparse.Namespace, shuffle: bool) -> None:
-        self.samples = ImageFolderDataset(folder, args.image_size).samples
+        self.dataset = ImageFolderDataset(folder, args.image_size, shuffle and args.augment)
+        self.samples = self.dataset.samples
         self.args, self.shuffle = args, shuffle
 
     def batches(self, epoch: int) -> Batches:
-        n, size, batch_size = len(self.samples), self.args.image_size, self.args.batch_size
+        n, batch_size = len(self.samples), self.args.batch_size
         order = np.arange(n)
         if self.shuffle:
             order = np.random.default_rng([self.args.seed, epoch]).permutation(n)
         picked = [self.samples[i] for i in order]
         for start in range(0, n, batch_size):
             chunk = picked[start : start + batch_size]
-            images = np.stack([load_file(path, size) for path, _ in chunk])
+            images = np.stack([self.dataset[int(i)][0].numpy() for i in order[start:][:batch_size]])
             yield torch.from_numpy(images), torch.tensor([label for _, label in chunk])
 
 
@@ -593,6 +619,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pin-memory", action="store_true", help="pinned host memory for GPU copies"
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and shuffling")
+    parser.add_argument(
+        "--no-augment",
+        dest="augment",
+        action="store_false",
+        help="train on whole resized images, without random crops and flips",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
     if args.heldout is not None and args.store is None:

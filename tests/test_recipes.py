@@ -16,10 +16,13 @@ import pytest
 from conftest import write_image
 
 from packer import PackOptions, open_reader, open_store, pack
+from packer.augment import RandomHorizontalFlip, RandomResizedCrop
 from packer.errors import UsageError
 from packer.recipes import endless_batches
 
 RECORDS = 40
+# Training augmentation, as the recipes in docs/reading.md use it: 8x8 crops of the 8x8 records.
+AUGMENT = [RandomResizedCrop(8, scale=(0.25, 1.0)), RandomHorizontalFlip()]
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +121,7 @@ def test_keras_fit_runs_epochs_from_the_generator(store: Path) -> None:
         ]
     )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    with _reader(store) as reader:
+    with _reader(store, augment=AUGMENT) as reader:
         history = model.fit(
             endless_batches(reader, inputs), steps_per_epoch=len(reader), epochs=3, verbose=0
         )
@@ -165,7 +168,13 @@ def _train_one_rank(rank: int, world: int, store: Path, tmp: Path) -> None:
 
     from packer.torch_adapter import TorchDataset
 
-    options: dict[str, Any] = {"batch_size": 6, "seed": 3, "chunk_size": 4, "with_paths": True}
+    options: dict[str, Any] = {
+        "batch_size": 6,
+        "seed": 3,
+        "chunk_size": 4,
+        "with_paths": True,
+        "augment": AUGMENT,
+    }
     made_early = TorchDataset(store, **options)  # before the process group: rank 0 of 1 so far
     dist.init_process_group(
         "gloo",
@@ -180,7 +189,7 @@ def _train_one_rank(rank: int, world: int, store: Path, tmp: Path) -> None:
         model = DistributedDataParallel(torch.nn.Linear(8 * 8 * 3, 4))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         initial = [p.detach().clone() for p in model.parameters()]
-        seen: dict[str, Any] = {"epochs": []}
+        seen: dict[str, Any] = {"epochs": [], "pixels": {}}
         with open_reader(store, output="torch", **options) as reader:
             seen["rank_world"] = [reader.rank, reader.world_size]
             for epoch in range(2):
@@ -192,6 +201,9 @@ def _train_one_rank(rank: int, world: int, store: Path, tmp: Path) -> None:
                     loss.backward()
                     optimizer.step()
                     paths += batch_paths
+                    if epoch == 1:
+                        for path, image in zip(batch_paths, images):
+                            seen["pixels"][path] = image.numpy().tobytes().hex()
                 seen["epochs"].append(paths)
         seen["weights"] = [p.detach().flatten().tolist() for p in model.parameters()]
         seen["moved"] = any(not torch.equal(a, b) for a, b in zip(initial, model.parameters()))
@@ -230,3 +242,12 @@ def test_ddp_ranks_read_disjoint_shares_that_cover_the_store(store: Path, tmp_pa
         assert not shares[0] & shares[1], way
         assert shares[0] + shares[1] == everything, way
     assert ranks[0]["moved"] and ranks[0]["weights"] == ranks[1]["weights"]  # DDP kept them in step
+    # Each record's crop is the one a lone reader gives it: keyed by (seed, epoch, record).
+    options = {"seed": 3, "chunk_size": 4, "augment": AUGMENT, "rank": 0, "world_size": 1}
+    with open_reader(store, batch_size=7, with_paths=True, **options) as alone:
+        expected = {
+            path: image.tobytes().hex()
+            for images, _, paths in alone.epoch(1)
+            for path, image in zip(paths, images)
+        }
+    assert {**ranks[0]["pixels"], **ranks[1]["pixels"]} == expected

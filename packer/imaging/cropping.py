@@ -120,9 +120,9 @@ def render(pixels: np.ndarray, placement: Placement, height: int, width: int) ->
         canvas[y : y + inner_h, x : x + inner_w] = scaled
         scaled = canvas
     if placement.flip:
-        scaled = scaled[:, ::-1]
+        return resizing.mirrored(scaled)  # a new array
     if not scaled.flags.c_contiguous or np.may_share_memory(scaled, pixels):
-        scaled = scaled.copy()  # mirrored, or the decoded pixels themselves: a fresh array
+        scaled = scaled.copy()  # the decoded pixels themselves: a fresh array
     return scaled
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from packer.fork_gate import FORK_GATE
 
-__all__ = ["FITS", "load", "resize", "resized_size", "scale_to", "sample_box"]
+__all__ = ["FITS", "load", "resize", "resized_size", "scale_to", "sample_box", "mirrored"]
 
 FITS = ("crop", "pad", "stretch")
 
@@ -143,6 +143,15 @@ def sample_box(
     flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
     out = cv2.warpAffine(pixels, matrix, to, flags=flags, borderMode=cv2.BORDER_REPLICATE)
     return out.reshape(to[1], to[0], -1)
+
+
+def mirrored(pixels: np.ndarray) -> np.ndarray:
+    """A new contiguous array of ``pixels`` mirrored left to right: OpenCV's flip, 25 us for
+    224 x 224 x 3 where NumPy's copy of the reversed view took 440 us (3-byte strides)."""
+    channels = pixels.shape[2]
+    if channels > 4:
+        return np.ascontiguousarray(pixels[:, ::-1])
+    return _cv2().flip(pixels, 1).reshape(pixels.shape)
 
 
 def _premultiplied(pixels: np.ndarray) -> np.ndarray:

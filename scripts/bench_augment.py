@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""Benchmark training augmentation: packer's ``augment=`` against the loaders people use.
+
+Two generated corpora (synthetic, photo-like: smooth colour fields, soft blobs and fine
+grain, JPEG quality 90; made once and cached under ``--workdir``):
+
+  small  ImageNet-like: --small photos of 300-500 x 250-450 px (default 3,000)
+  large  --large photos of 2-12 megapixels (default 200)
+
+Each is packed into an LMDB store of the original bytes. Per corpus, one epoch each of
+(batch 256, output 224 x 224 uint8, all cores, runs interleaved, best of --repeat):
+
+  packer augment   open_reader(augment=[RandomResizedCrop(224), RandomHorizontalFlip()])
+  packer size      open_reader(size=(224, 224)): decode + resize alone, the limit
+  packer tv        open_reader(transform=torchvision v2 RandomResizedCrop + flip)
+  dataloader tv    torch DataLoader (workers = cores) over the folder: Pillow decode,
+                   torchvision v2 RandomResizedCrop(224) + RandomHorizontalFlip
+  ffcv             FFCV's RandomResizedCropRGBImageDecoder + RandomHorizontalFlip over its
+                   own .beton of the same photos (re-encoded at quality 90), where FFCV
+                   imports; else skipped with the reason
+
+torchvision and FFCV are not packer dependencies: run this in an environment that has them
+(docs/benchmarks/augment.md says which).
+
+    python scripts/bench_augment.py                 # both corpora, a few minutes
+    python scripts/bench_augment.py --quick         # smoke test
+    python scripts/bench_augment.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import packer  # noqa: E402
+from packer.augment import RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
+
+SIZE = 224
+CORES = os.cpu_count() or 1
+
+
+# -- corpora -------------------------------------------------------------------------------
+
+
+def _photo(args: tuple[Path, int, int, int]) -> None:
+    """One synthetic photo: smooth fields and blobs drawn at 1/4 size and enlarged, plus
+    per-pixel grain, so the JPEG carries detail at every scale, as a photo does."""
+    path, height, width, seed = args
+    rng = np.random.default_rng(seed)
+    h, w = max(8, height // 4), max(8, width // 4)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    planes = []
+    for _ in range(3):
+        a, b, c = rng.uniform(-1, 1, 3)
+        value = 120 + 50 * np.sin(a * x / (w / 9) + b * y / (h / 7) + c * 6)
+        for _ in range(6):
+            cy, cx = rng.uniform(0, h), rng.uniform(0, w)
+            r = rng.uniform(0.03, 0.2) * max(h, w)
+            value += rng.uniform(-70, 70) * np.exp(-((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r))
+        planes.append(value)
+    small = np.clip(np.stack(planes, -1), 0, 255).astype(np.uint8)
+    import cv2
+
+    big = cv2.resize(small, (width, height), interpolation=cv2.INTER_CUBIC)
+    grain = rng.integers(-10, 11, (height, width, 1), dtype=np.int16)
+    pixels = np.clip(big.astype(np.int16) + grain, 0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(path, quality=90)
+
+
+def make_corpus(folder: Path, count: int, large: bool) -> Path:
+    """``count`` photos in 10 class folders under ``folder``, made once."""
+    done = folder / ".complete"
+    if done.exists() and int(done.read_text()) == count:
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    rng = np.random.default_rng(27 + large)
+    jobs = []
+    for i in range(count):
+        if large:
+            pixels = rng.uniform(2e6, 12e6)
+            aspect = rng.choice([4 / 3, 3 / 2, 16 / 9, 3 / 4, 2 / 3])
+            width = int(np.sqrt(pixels * aspect))
+            height = int(pixels / width)
+        else:
+            width, height = int(rng.integers(300, 501)), int(rng.integers(250, 451))
+        jobs.append((folder / f"class{i % 10}" / f"{i:05d}.jpg", height, width, i))
+    with Pool(CORES) as pool:
+        pool.map(_photo, jobs, chunksize=4)
+    done.write_text(str(count))
+    return folder
+
+
+def packed(folder: Path, store: Path) -> Path:
+    if not store.exists():
+        packer.pack(folder, store, packer.PackOptions(seed=0))
+    return store
+
+
+# -- the runs ------------------------------------------------------------------------------
+
+
+def packer_run(store: Path, **options: Any) -> Callable[[int], Iterator[Any]]:
+    def epoch(e: int) -> Iterator[Any]:
+        with packer.open_reader(store, batch_size=256, seed=0, workers=CORES, **options) as r:
+            for images, _ in r.epoch(e):
+                yield images
+
+    return epoch
+
+
+class HwcTorchvision:
+    """torchvision's training transforms on packer's upright HWC uint8 array, back to HWC
+    uint8: what a user passes as ``transform=``."""
+
+    def __init__(self) -> None:
+        from torchvision.transforms import v2
+
+        self.steps = v2.Compose(
+            [v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()]
+        )
+
+    def __call__(self, pixels: np.ndarray) -> np.ndarray:
+        import torch
+
+        chw = torch.from_numpy(pixels).permute(2, 0, 1)
+        return self.steps(chw).permute(1, 2, 0).numpy()
+
+
+class FolderDataset:
+    """Map-style dataset over the image files: Pillow decode, torchvision v2 crop + flip."""
+
+    def __init__(self, folder: Path) -> None:
+        from torchvision.transforms import v2
+
+        self.files = sorted(folder.rglob("*.jpg"))
+        self.steps = v2.Compose(
+            [
+                v2.RandomResizedCrop(SIZE, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.PILToTensor(),
+            ]
+        )
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        with Image.open(self.files[i]) as im:
+            return self.steps(im.convert("RGB")), int(self.files[i].parent.name[5:])
+
+
+def dataloader_run(folder: Path) -> Callable[[int], Iterator[Any]]:
+    import torch
+
+    dataset = FolderDataset(folder)
+
+    def epoch(e: int) -> Iterator[Any]:
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=256, shuffle=True, num_workers=CORES, persistent_workers=False
+        )
+        for images, _ in loader:
+            yield images
+
+    return epoch
+
+
+def ffcv_run(folder: Path, beton: Path) -> tuple[Callable[[int], Iterator[Any]] | None, str]:
+    """FFCV's fused crop-and-decode loader, or None and why not."""
+    try:
+        from ffcv.fields import IntField, RGBImageField
+        from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+        from ffcv.loader import Loader, OrderOption
+        from ffcv.transforms import RandomHorizontalFlip as FfcvFlip
+        from ffcv.transforms import ToTensor
+        from ffcv.writer import DatasetWriter
+    except Exception as e:  # not installed, or built against another numpy / torch
+        return None, f"FFCV does not import here: {type(e).__name__}: {e}"
+
+    class Photos:
+        def __init__(self) -> None:
+            self.files = sorted(folder.rglob("*.jpg"))
+
+        def __len__(self) -> int:
+            return len(self.files)
+
+        def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+            with Image.open(self.files[i]) as im:
+                return im.convert("RGB"), int(self.files[i].parent.name[5:])
+
+    try:
+        if not beton.exists():
+            partial = beton.with_suffix(".partial")
+            fields = {
+                "image": RGBImageField(write_mode="jpg", jpeg_quality=90),
+                "label": IntField(),
+            }
+            DatasetWriter(str(partial), fields, num_workers=CORES).from_indexed_dataset(Photos())
+            partial.rename(beton)
+    except Exception as e:
+        return None, f"FFCV could not write its dataset: {type(e).__name__}: {e}"
+
+    loaders: list[Any] = []  # one Loader for every epoch, as FFCV is used: it compiles once
+
+    def epoch(e: int) -> Iterator[Any]:
+        if not loaders:
+            loaders.append(
+                Loader(
+                    str(beton),
+                    batch_size=256,
+                    num_workers=CORES,
+                    order=OrderOption.RANDOM,
+                    os_cache=True,
+                    pipelines={
+                        "image": [
+                            RandomResizedCropRGBImageDecoder((SIZE, SIZE)),
+                            FfcvFlip(),
+                            ToTensor(),
+                        ],
+                        "label": [IntDecoder(), ToTensor()],
+                    },
+                )
+            )
+        for images, _ in loaders[0]:
+            yield images
+
+    return epoch, ""
+
+
+def timed(epoch: Callable[[int], Iterator[Any]], e: int) -> tuple[float, int]:
+    """(images per second, images) of one epoch, checking every batch is 224 x 224 uint8."""
+    start, n = time.perf_counter(), 0
+    for images in epoch(e):
+        shape = tuple(images.shape)
+        assert str(images.dtype).endswith("uint8") and SIZE in shape and shape.count(SIZE) == 2
+        n += shape[0]
+    return n / (time.perf_counter() - start), n
+
+
+# -- main ----------------------------------------------------------------------------------
+
+GOALS = [
+    ("packer augment", "ffcv", 1.0, "small"),
+    ("packer augment", "ffcv", 1.0, "large"),
+    ("packer augment", "dataloader tv", 1.7, "small"),
+    ("packer augment", "dataloader tv", 4.0, "large"),
+    ("packer augment", "packer size", 0.9, "small"),
+    ("packer augment", "packer size", 0.9, "large"),
+]
+
+
+def bench(name: str, folder: Path, workdir: Path, repeat: int, use_ffcv: bool) -> dict[str, Any]:
+    store = packed(folder, workdir / f"{name}.lmdb")
+    runs: dict[str, Callable[[int], Iterator[Any]]] = {
+        "packer augment": packer_run(
+            store, augment=[RandomResizedCrop(SIZE), RandomHorizontalFlip()]
+        ),
+        "packer size": packer_run(store, size=(SIZE, SIZE)),
+        "packer tv": packer_run(store, transform=HwcTorchvision()),
+        "dataloader tv": dataloader_run(folder),
+    }
+    skipped = {}
+    if use_ffcv:
+        run, why = ffcv_run(folder, workdir / f"{name}.beton")
+        if run is None:
+            skipped["ffcv"] = why
+        else:
+            runs["ffcv"] = run
+    else:
+        skipped["ffcv"] = "--no-ffcv"
+    best: dict[str, float] = {}
+    for label, run in runs.items():  # warm-up: page cache, JIT (FFCV), thread pools
+        try:
+            timed(run, 99)
+        except Exception as e:
+            skipped[label] = f"failed: {type(e).__name__}: {e}"
+    for r in range(repeat):
+        order = [label for label in runs if label not in skipped]
+        order = order[r % len(order) :] + order[: r % len(order)]  # rotate: no one always first
+        for label in order:
+            rate, _ = timed(runs[label], r)
+            best[label] = max(best.get(label, 0.0), rate)
+            print(f"  {name} repeat {r}: {label:15s} {rate:8.1f} img/s", file=sys.stderr)
+    count = len(list(folder.rglob("*.jpg")))
+    megabytes = sum(p.stat().st_size for p in folder.rglob("*.jpg")) / 1e6
+    return {"images": count, "MB": round(megabytes), "rates": best, "skipped": skipped}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/packer-bench-augment"))
+    parser.add_argument("--small", type=int, default=3000)
+    parser.add_argument("--large", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--only", choices=("small", "large"))
+    parser.add_argument("--no-ffcv", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="300 small, 20 large, 1 repeat")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.small, args.large, args.repeat = 300, 20, 1
+        args.workdir = args.workdir.with_name(args.workdir.name + "-quick")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name, count in (("small", args.small), ("large", args.large)):
+        if args.only and args.only != name:
+            continue
+        folder = make_corpus(args.workdir / f"{name}-photos", count, name == "large")
+        results[name] = bench(name, folder, args.workdir, args.repeat, not args.no_ffcv)
+    report = {
+        "machine": f"{platform.processor() or platform.machine()}, {CORES} cores",
+        "command": " ".join(["python", "scripts/bench_augment.py", *sys.argv[1:]]),
+        "results": results,
+        "goals": [],
+    }
+    for mine, other, target, corpus in GOALS:
+        rates = results.get(corpus, {}).get("rates", {})
+        if mine in rates and other in rates:
+            ratio = rates[mine] / rates[other]
+            report["goals"].append(
+                {
+                    "goal": f"{corpus}: {mine} >= {target}x {other}",
+                    "ratio": round(ratio, 2),
+                    "met": ratio >= target,
+                }
+            )
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{report['machine']}; batch 256, 224x224 uint8, best of {args.repeat}")
+    for corpus, found in results.items():
+        print(f"\n{corpus}: {found['images']} photos, {found['MB']} MB")
+        for label, rate in found["rates"].items():
+            print(f"  {label:15s} {rate:8.1f} img/s")
+        for label, why in found["skipped"].items():
+            print(f"  {label:15s} skipped: {why}")
+    print()
+    for goal in report["goals"]:
+        print(f"  {goal['goal']:45s} {goal['ratio']:5.2f}x  {'met' if goal['met'] else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
