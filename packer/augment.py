@@ -241,16 +241,6 @@ class Augment:
         self.steps = tuple(steps)
         self.random = any(isinstance(s, (RandomResizedCrop, RandomHorizontalFlip)) for s in steps)
 
-    def output_shape(self) -> tuple[int, int] | None:
-        """The (height, width) every output has, or None where it depends on the image."""
-        shape: tuple[int, int] | None = None
-        for step in self.steps:
-            if isinstance(step, (RandomResizedCrop, CenterCrop)):
-                shape = step.size  # type: ignore[assignment]
-            elif isinstance(step, Resize):
-                shape = None if isinstance(step.size, int) else step.size
-        return shape
-
     def place(
         self, height: int, width: int, rng: RecordDraws | np.random.Generator | None
     ) -> cropping.Placement:

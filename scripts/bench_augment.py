@@ -19,12 +19,24 @@ Each is packed into an LMDB store of the original bytes. Per corpus, one epoch e
                    own .beton of the same photos (re-encoded at quality 90), where FFCV
                    imports; else skipped with the reason
 
+torch runs with one intra-op thread in this process (DataLoader workers do the same), so the
+torchvision transform in ``packer tv`` runs on the reader's threads alone: on a shared machine,
+torch's own extra threads would otherwise buy that run a larger share of the cores.
+
 torchvision and FFCV are not packer dependencies: run this in an environment that has them
 (docs/benchmarks/augment.md says which).
 
     python scripts/bench_augment.py                 # both corpora, a few minutes
     python scripts/bench_augment.py --quick         # smoke test
     python scripts/bench_augment.py --json
+    python scripts/bench_augment.py --cpu           # CPU per image, one thread, no loaders
+
+``--cpu`` times each way's work per image in one thread with ``time.process_time`` (first
+300 small photos, first 20 large): a cost that other jobs on a shared machine do not move, as
+they move the epoch rates (each loader's share of the cores depends on how many threads and
+processes it runs). packer augment / size: the reader's decode step alone
+(``decode_placed`` / ``decode_resized``); packer tv: libjpeg-turbo decode + torchvision;
+dataloader tv: Pillow decode + torchvision, as the DataLoader's workers do.
 """
 
 from __future__ import annotations
@@ -252,9 +264,45 @@ def timed(epoch: Callable[[int], Iterator[Any]], e: int) -> tuple[float, int]:
     return n / (time.perf_counter() - start), n
 
 
+def cpu_per_image(folder: Path, count: int, repeat: int) -> dict[str, float]:
+    """Milliseconds of CPU per image for each way's per-image work, in this one thread."""
+    import io
+    from functools import partial
+
+    from packer.augment import Augment, record_rng
+    from packer.imaging.decode import decode_array, decode_placed, decode_resized
+
+    payloads = [p.read_bytes() for p in sorted(folder.rglob("*.jpg"))[:count]]
+    steps = Augment([RandomResizedCrop(SIZE), RandomHorizontalFlip()])
+    torchvision = HwcTorchvision()
+    with_pillow = FolderDataset(folder).steps
+
+    def pillow_tv(data: bytes) -> Any:
+        with Image.open(io.BytesIO(data)) as im:
+            return with_pillow(im.convert("RGB"))
+
+    ways: dict[str, Callable[[int, bytes], Any]] = {
+        "packer augment": lambda i, d: decode_placed(
+            d, partial(steps.place, rng=record_rng(0, 0, i))
+        ),
+        "packer size": lambda i, d: decode_resized(d, size=(SIZE, SIZE)),
+        "packer tv": lambda i, d: torchvision(decode_array(d)),
+        "dataloader tv": lambda i, d: pillow_tv(d),
+    }
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        for label, way in ways.items():
+            start = time.process_time()
+            for i, data in enumerate(payloads):
+                way(i, data)
+            spent = (time.process_time() - start) / len(payloads) * 1e3
+            best[label] = min(best.get(label, spent), spent)
+    return best
+
+
 # -- main ----------------------------------------------------------------------------------
 
-GOALS = [
+GOALS = [  # (run, against, ratio at least, corpus): the median of the repeats' ratios
     ("packer augment", "ffcv", 1.0, "small"),
     ("packer augment", "ffcv", 1.0, "large"),
     ("packer augment", "dataloader tv", 1.7, "small"),
@@ -284,6 +332,7 @@ def bench(name: str, folder: Path, workdir: Path, repeat: int, use_ffcv: bool) -
     else:
         skipped["ffcv"] = "--no-ffcv"
     best: dict[str, float] = {}
+    every: list[dict[str, float]] = []  # each repeat's rates: ratios are taken within one
     for label, run in runs.items():  # warm-up: page cache, JIT (FFCV), thread pools
         try:
             timed(run, 99)
@@ -292,13 +341,21 @@ def bench(name: str, folder: Path, workdir: Path, repeat: int, use_ffcv: bool) -
     for r in range(repeat):
         order = [label for label in runs if label not in skipped]
         order = order[r % len(order) :] + order[: r % len(order)]  # rotate: no one always first
+        every.append({})
         for label in order:
             rate, _ = timed(runs[label], r)
             best[label] = max(best.get(label, 0.0), rate)
+            every[-1][label] = rate
             print(f"  {name} repeat {r}: {label:15s} {rate:8.1f} img/s", file=sys.stderr)
     count = len(list(folder.rglob("*.jpg")))
     megabytes = sum(p.stat().st_size for p in folder.rglob("*.jpg")) / 1e6
-    return {"images": count, "MB": round(megabytes), "rates": best, "skipped": skipped}
+    return {
+        "images": count,
+        "MB": round(megabytes),
+        "rates": best,
+        "repeats": every,
+        "skipped": skipped,
+    }
 
 
 def main() -> None:
@@ -311,7 +368,11 @@ def main() -> None:
     parser.add_argument("--no-ffcv", action="store_true")
     parser.add_argument("--quick", action="store_true", help="300 small, 20 large, 1 repeat")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="CPU per image in one thread only")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
     if args.quick:
         args.small, args.large, args.repeat = 300, 20, 1
         args.workdir = args.workdir.with_name(args.workdir.name + "-quick")
@@ -321,7 +382,20 @@ def main() -> None:
         if args.only and args.only != name:
             continue
         folder = make_corpus(args.workdir / f"{name}-photos", count, name == "large")
+        if args.cpu:
+            cost = cpu_per_image(folder, 300 if name == "small" else 20, max(args.repeat, 3))
+            print(f"{name}: ms of CPU per image, one thread", file=sys.stderr)
+            for label, ms in cost.items():
+                print(
+                    f"  {label:15s} {ms:7.2f}  ({ms / cost['packer size']:.2f}x size)",
+                    file=sys.stderr,
+                )
+            results[name] = {"cpu_ms_per_image": cost}
+            continue
         results[name] = bench(name, folder, args.workdir, args.repeat, not args.no_ffcv)
+    if args.cpu:
+        print(json.dumps(results, indent=2) if args.json else "", end="")
+        return
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {CORES} cores",
         "command": " ".join(["python", "scripts/bench_augment.py", *sys.argv[1:]]),
@@ -329,9 +403,11 @@ def main() -> None:
         "goals": [],
     }
     for mine, other, target, corpus in GOALS:
-        rates = results.get(corpus, {}).get("rates", {})
-        if mine in rates and other in rates:
-            ratio = rates[mine] / rates[other]
+        repeats = results.get(corpus, {}).get("repeats", [])
+        if repeats and all(mine in r and other in r for r in repeats):
+            # The median of the ratios within each repeat: the two runs were made minutes
+            # apart at most, where the best of each could come from different repeats.
+            ratio = float(np.median([r[mine] / r[other] for r in repeats]))
             report["goals"].append(
                 {
                     "goal": f"{corpus}: {mine} >= {target}x {other}",
