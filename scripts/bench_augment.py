@@ -8,7 +8,8 @@ grain, JPEG quality 90; made once and cached under ``--workdir``):
   large  --large photos of 2-12 megapixels (default 200)
 
 Each is packed into an LMDB store of the original bytes. Per corpus, one epoch each of
-(batch 256, output 224 x 224 uint8, all cores, runs interleaved, best of --repeat):
+(batch 256, output 224 x 224 uint8, all cores, runs interleaved, each in a fresh process
+after 3 batches of warm-up; rates: the best of --repeat; ratios: the median of each repeat's):
 
   packer augment   open_reader(augment=[RandomResizedCrop(224), RandomHorizontalFlip()])
   packer size      open_reader(size=(224, 224)): decode + resize alone, the limit
@@ -312,47 +313,76 @@ GOALS = [  # (run, against, ratio at least, corpus): the median of the repeats' 
 ]
 
 
+LABELS = ("packer augment", "packer size", "packer tv", "dataloader tv", "ffcv")
+
+
+def make_run(label: str, name: str, folder: Path, workdir: Path) -> Callable[[int], Iterator[Any]]:
+    """The epochs of one way over one corpus (FFCV's .beton already written)."""
+    store = workdir / f"{name}.lmdb"
+    if label == "packer augment":
+        return packer_run(store, augment=[RandomResizedCrop(SIZE), RandomHorizontalFlip()])
+    if label == "packer size":
+        return packer_run(store, size=(SIZE, SIZE))
+    if label == "packer tv":
+        return packer_run(store, transform=HwcTorchvision())
+    if label == "dataloader tv":
+        return dataloader_run(folder)
+    run, why = ffcv_run(folder, workdir / f"{name}.beton")
+    if run is None:
+        raise RuntimeError(why)
+    return run
+
+
+def one_run(label: str, name: str, folder: Path, workdir: Path, epoch: int) -> float:
+    """In a fresh process: the first 3 batches of an epoch to warm up (page cache, FFCV's
+    JIT, pools), then one whole epoch timed. A process per run, so that no run inherits
+    another's threads, workers or memory: in one process, runs made right after FFCV's
+    were slower."""
+    run = make_run(label, name, folder, workdir)
+    for k, _ in enumerate(run(epoch + 1000)):
+        if k == 2:
+            break
+    return timed(run, epoch)[0]
+
+
 def bench(name: str, folder: Path, workdir: Path, repeat: int, use_ffcv: bool) -> dict[str, Any]:
-    store = packed(folder, workdir / f"{name}.lmdb")
-    runs: dict[str, Callable[[int], Iterator[Any]]] = {
-        "packer augment": packer_run(
-            store, augment=[RandomResizedCrop(SIZE), RandomHorizontalFlip()]
-        ),
-        "packer size": packer_run(store, size=(SIZE, SIZE)),
-        "packer tv": packer_run(store, transform=HwcTorchvision()),
-        "dataloader tv": dataloader_run(folder),
-    }
+    import subprocess
+
+    packed(folder, workdir / f"{name}.lmdb")
+    labels = list(LABELS)
     skipped = {}
     if use_ffcv:
-        run, why = ffcv_run(folder, workdir / f"{name}.beton")
-        if run is None:
+        _, why = ffcv_run(folder, workdir / f"{name}.beton")  # writes its .beton, once
+        if why:
             skipped["ffcv"] = why
-        else:
-            runs["ffcv"] = run
     else:
         skipped["ffcv"] = "--no-ffcv"
+    labels = [label for label in labels if label not in skipped]
     best: dict[str, float] = {}
     every: list[dict[str, float]] = []  # each repeat's rates: ratios are taken within one
-    for label, run in runs.items():  # warm-up: page cache, JIT (FFCV), thread pools
-        try:
-            timed(run, 99)
-        except Exception as e:
-            skipped[label] = f"failed: {type(e).__name__}: {e}"
     for r in range(repeat):
-        order = [label for label in runs if label not in skipped]
-        order = order[r % len(order) :] + order[: r % len(order)]  # rotate: no one always first
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]  # rotate: none always first
         every.append({})
         for label in order:
-            rate, _ = timed(runs[label], r)
+            if label in skipped:
+                continue
+            command = [sys.executable, __file__, "--one", label, name, str(folder), str(workdir)]
+            done = subprocess.run([*command, str(r)], capture_output=True, text=True)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                skipped[label] = f"failed: {last[:300]}"
+                continue
+            rate = float(done.stdout.split()[-1])
             best[label] = max(best.get(label, 0.0), rate)
             every[-1][label] = rate
             print(f"  {name} repeat {r}: {label:15s} {rate:8.1f} img/s", file=sys.stderr)
+    every = [{k: v for k, v in rates.items() if k not in skipped} for rates in every]
     count = len(list(folder.rglob("*.jpg")))
     megabytes = sum(p.stat().st_size for p in folder.rglob("*.jpg")) / 1e6
     return {
         "images": count,
         "MB": round(megabytes),
-        "rates": best,
+        "rates": {k: v for k, v in best.items() if k not in skipped},
         "repeats": every,
         "skipped": skipped,
     }
@@ -369,10 +399,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="300 small, 20 large, 1 repeat")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cpu", action="store_true", help="CPU per image in one thread only")
+    parser.add_argument(
+        "--one", nargs=5, help=argparse.SUPPRESS
+    )  # label corpus folder workdir epoch
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    if args.one:
+        label, name, folder, workdir, epoch = args.one
+        print(one_run(label, name, Path(folder), Path(workdir), int(epoch)))
+        return
     if args.quick:
         args.small, args.large, args.repeat = 300, 20, 1
         args.workdir = args.workdir.with_name(args.workdir.name + "-quick")
