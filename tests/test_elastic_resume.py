@@ -261,8 +261,8 @@ def test_a_state_of_another_run_or_a_damaged_one_is_refused_in_one_line(
     assert "chunk_sizes [10]" in refused(raw_store, state, chunk_size=12)
     assert "buffer_chunks 2" in refused(raw_store, state, buffer_chunks=3)
     assert "remainder 'drop'" in refused(raw_store, state, remainder="pad")
-    assert "reads 2" in refused(raw_store, {**state, "stores": state["stores"] * 2})
-    assert "says 128 records" in refused(raw_store, {**state, "records_done": 128})
+    assert "reading 2 store(s), this reader reads 1" in refused(raw_store, {**state, "stores": state["stores"] * 2})
+    assert "says 127 records" in refused(raw_store, {**state, "records_done": 127})
     too_far = {**state, "phases": [{**state["phases"][0], "batches": 99}]}
     assert "99 batches of 32" in refused(raw_store, too_far)
     assert "phase 0" in refused(raw_store, {**state, "phases": [{"world_size": 0}]})
