@@ -159,7 +159,12 @@ def test_any_chain_of_layouts_covers_the_epoch_once_pure(stores: int) -> None:
             continue
         chunks = [plan.chunk_spans(s, rng.randint(1, 9)) for s in shards]
         planner = Planner(
-            chunks, sizes, seed=trial, shuffle=True, buffer_chunks=rng.randint(1, 3), remainder="uneven"
+            chunks,
+            sizes,
+            seed=trial,
+            shuffle=True,
+            buffer_chunks=rng.randint(1, 3),
+            remainder="uneven",
         )
         starts = [list(np.cumsum([0, *s[:-1]])) for s in shards]
         phases: list[Phase] = []
@@ -175,7 +180,9 @@ def test_any_chain_of_layouts_covers_the_epoch_once_pure(stores: int) -> None:
                     [b[i : i + layout.batch_size] for i in range(0, len(b), layout.batch_size)]
                     for b in batches
                 ]
-                in_turn = [batch for round_ in itertools.zip_longest(*cut) for batch in round_ if batch]
+                in_turn = [
+                    batch for round_ in itertools.zip_longest(*cut) for batch in round_ if batch
+                ]
                 taken_by_rank.append(in_turn)
             steps = rng.randint(0, min(len(t) for t in taken_by_rank))
             for in_turn in taken_by_rank:
@@ -261,7 +268,9 @@ def test_a_state_of_another_run_or_a_damaged_one_is_refused_in_one_line(
     assert "chunk_sizes [10]" in refused(raw_store, state, chunk_size=12)
     assert "buffer_chunks 2" in refused(raw_store, state, buffer_chunks=3)
     assert "remainder 'drop'" in refused(raw_store, state, remainder="pad")
-    assert "reading 2 store(s), this reader reads 1" in refused(raw_store, {**state, "stores": state["stores"] * 2})
+    assert "reading 2 store(s), this reader reads 1" in refused(
+        raw_store, {**state, "stores": state["stores"] * 2}
+    )
     assert "says 127 records" in refused(raw_store, {**state, "records_done": 127})
     too_far = {**state, "phases": [{**state["phases"][0], "batches": 99}]}
     assert "99 batches of 32" in refused(raw_store, too_far)
