@@ -290,3 +290,21 @@ def test_a_state_saved_between_epochs_names_the_next(raw_store: Path) -> None:
     with open_reader(raw_store, batch_size=50, **OPTIONS) as r:
         r.load_state_dict(state)
         assert [paths for _, _, paths in r] == expected
+
+
+def test_a_resumed_epoch_read_ahead_is_the_same_epoch(raw_store: Path) -> None:
+    """Windows cut by a resume, and pieces of one window joined, are read ahead span by span
+    as they are read: the batches are those read without reading ahead."""
+    _, state = _job(raw_store, 2, 32, batches=3, remainder="uneven")
+    got = {
+        depth: _job(raw_store, 3, 16, None, state, remainder="uneven", read_ahead=depth)[0]
+        for depth in (0, 2)
+    }
+    assert got[2] == got[0] and len(got[0]) == NUM - 2 * 3 * 32
+
+
+def test_a_state_loaded_and_saved_before_reading_is_the_same_state(raw_store: Path) -> None:
+    _, state = _job(raw_store, 2, 32, batches=3)
+    with open_reader(raw_store, batch_size=16, world_size=4, rank=1, **OPTIONS) as r:
+        r.load_state_dict(state)
+        assert r.state_dict() == state

@@ -323,6 +323,7 @@ class Reader:
             )
         self._resume = (epoch, phases)
         self._next_epoch = epoch
+        self._position, self._phases = (epoch, 0), phases  # saved again as it was loaded
 
     def stats(self) -> dict[str, Any]:
         """Live figures of the current (or last) epoch: is training waiting for data? For a

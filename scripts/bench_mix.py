@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Benchmark a weighted mixture of two stores against reading one store alone, side by side.
+
+Two stores of the same kind of images (generated, seeded apart), packed alike; a run reads
+``--epochs`` epochs of the same number of records either from store A alone or from the
+mixture ``open_reader([A, B], weights=[0.7, 0.3], epoch_size=len(A))``, and the two kinds of
+run alternate, ``--repeat`` times each, so both see the same machine. Figures: images/s of
+each run (first batch included), the best and the median of each kind, and mixed / alone.
+Goal: the mixture >= 0.95x.
+
+Cases:
+  raw      raw 32x32 pixels (``PackOptions(raw=True, size=(32, 32))``): nothing to decode, so
+           the reader's own work (plan, gather, batch assembly) is all there is: the worst
+           case for any overhead the mixing adds.
+  decoded  JPEGs 64-128 px decoded and resized to 64x64 by the reader (``size=``).
+
+Stores are warm in the page cache.
+
+    python scripts/bench_mix.py            # ~2 minutes, plus packing the first time
+    python scripts/bench_mix.py --quick    # smoke test
+    python scripts/bench_mix.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from packer import PackOptions, open_reader, pack  # noqa: E402
+
+
+def make_folder(root: Path, count: int, seed: int) -> Path:
+    """``count`` smooth-noise JPEGs, 64-128 px a side, in 4 classes (cached by a stamp)."""
+    stamp = root / f".done-{count}-{seed}"
+    if stamp.exists():
+        return root
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        h, w = (int(v) for v in rng.integers(64, 129, 2))
+        small = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((w, h), Image.BILINEAR)
+        out = root / f"c{i % 4}" / f"{i:05d}.jpg"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90)
+        out.write_bytes(buffer.getvalue())
+    stamp.touch()
+    return root
+
+
+def packed(folder: Path, out: Path, **options: Any) -> Path:
+    if not (out / "manifest.json").exists():
+        pack(folder, out, PackOptions(backend="lmdb", seed=1, workers=2, overwrite=True, **options))
+    return out
+
+
+def run(paths: list[Path], epochs: int, **options: Any) -> float:
+    """images/s of ``epochs`` epochs, from opening the reader to its last batch."""
+    images = 0
+    start = time.perf_counter()
+    with open_reader(paths if len(paths) > 1 else paths[0], **options) as reader:
+        for epoch in range(epochs):
+            for batch in reader.epoch(epoch):
+                images += len(batch[1])
+    return images / (time.perf_counter() - start)
+
+
+def compare(
+    name: str, a: Path, b: Path, records: int, epochs: int, repeat: int, **options: Any
+) -> dict[str, Any]:
+    alone: list[float] = []
+    mixed: list[float] = []
+    mix = {"weights": [0.7, 0.3], "epoch_size": records}
+    for r in range(repeat):
+        # Alternate which goes first, so neither always follows the other's warm caches.
+        order = [("alone", [a], {}), ("mixed", [a, b], mix)]
+        for kind, paths, extra in order if r % 2 == 0 else order[::-1]:
+            rate = run(paths, epochs, **options, **extra)
+            (alone if kind == "alone" else mixed).append(rate)
+    pairs = [m / s for m, s in zip(mixed, alone, strict=True)]
+    return {
+        "case": name,
+        "records_per_epoch": records,
+        "epochs_per_run": epochs,
+        "alone_best": round(max(alone)),
+        "mixed_best": round(max(mixed)),
+        "alone_median": round(statistics.median(alone)),
+        "mixed_median": round(statistics.median(mixed)),
+        "ratio_of_best": round(max(mixed) / max(alone), 3),
+        "median_of_pair_ratios": round(statistics.median(pairs), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", type=Path, default=Path("demo/bench-mix"))
+    parser.add_argument("--images", type=int, default=4000, help="records per store")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    count, repeat = (600, 2) if args.quick else (args.images, args.repeat)
+    work = args.workdir
+    folders = [
+        make_folder(work / f"images-{n}-{count}", count, seed) for n, seed in (("a", 1), ("b", 2))
+    ]
+    raw = [packed(f, work / f"raw-{f.name}.lmdb", raw=True, size=(32, 32)) for f in folders]
+    jpeg = [packed(f, work / f"jpeg-{f.name}.lmdb") for f in folders]
+    common = {"batch_size": 256, "seed": 0}
+    results = [
+        compare("raw 32x32", *raw, records=count, epochs=10, repeat=repeat, **common),
+        compare(
+            "decoded to 64x64",
+            *jpeg,
+            records=count,
+            epochs=1,
+            repeat=repeat,
+            size=(64, 64),
+            **common,
+        ),
+    ]
+    machine = f"{platform.machine()}, {platform.python_version()}, {len(__import__('os').sched_getaffinity(0))} cores"
+    if args.json:
+        print(json.dumps({"machine": machine, "results": results}, indent=1))
+        return
+    print(f"machine: {machine}")
+    print(
+        "| case | alone, images/s (best, median) | mixed 0.7/0.3, images/s (best, median) | mixed / alone (best; median of pairs) |"
+    )
+    print("|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r['case']} | {r['alone_best']:,}, {r['alone_median']:,} | {r['mixed_best']:,}, "
+            f"{r['mixed_median']:,} | {r['ratio_of_best']:.3f}; {r['median_of_pair_ratios']:.3f} |"
+        )
+    worst = min(min(r["ratio_of_best"], r["median_of_pair_ratios"]) for r in results)
+    print(
+        f"goal: mixed >= 0.95x alone: {'met' if worst >= 0.95 else 'NOT met'} (worst {worst:.3f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
