@@ -10,10 +10,11 @@ without close() is still collected, and its finalizer stops the thread.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -84,6 +85,7 @@ class Producer:
         # Each store's window array of the last epoch, for the next epoch's windows (_Cursor).
         self._spare_windows: list[list[np.ndarray]] = [[] for _ in sources]
         self._planned: tuple[Any, Lane] | None = None  # the last lane planned, and its key
+        self._auto_depth: dict[Path, int] = {}  # read_ahead=None: each store's depth
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
         if options.size is not None:
@@ -157,6 +159,9 @@ class Producer:
             pending: deque[list[tuple[int, Future[Batch]]]] = deque()
             try:
                 for parts, rows in self._gathered(stores, lane, verify, shared):
+                    if ready and rows is not None and self.planner.mixed:
+                        yield mover(self._as_stored(parts, rows, verify, finish))
+                        continue
                     if ready:
                         yield mover(self._joined([(i, finish[i](w)) for i, w in parts], rows))
                         continue
@@ -177,6 +182,32 @@ class Producer:
                     for _, future in futures:
                         future.cancel()
 
+    def _as_stored(
+        self,
+        parts: list[tuple[int, Window]],
+        rows: np.ndarray,
+        verify: list[bool],
+        finish: Sequence[Callable[[Window], Batch]],
+    ) -> Batch:
+        """A mixture's batch of raw pixels of one shape, gathered into ``rows`` and checked as
+        read: made here in one step where every record is intact (finish_batch, store by
+        store, names a damaged one)."""
+        intact = all(
+            not verify[i] or (w.intact is not None and bool(w.intact.all())) for i, w in parts
+        )
+        if not intact:
+            return self._joined([(i, finish[i](w)) for i, w in parts], rows)
+        labels = np.concatenate([w.labels for _, w in parts])
+        batch = Batch(
+            rows,
+            labels[:, 0] if labels.shape[1] == 1 else labels,
+            list(itertools.chain.from_iterable(w.paths for _, w in parts)),
+            0,
+            rows.nbytes,
+            np.repeat([i for i, _ in parts], [len(w) for _, w in parts]),
+        )
+        return batch
+
     def _joined(self, parts: list[tuple[int, Batch]], rows: np.ndarray | None) -> Batch:
         """One batch of its finished parts; in a mixture, with the store of each record."""
         stack = self.options.collate is None
@@ -188,13 +219,13 @@ class Producer:
             batch = Batch(
                 rows,
                 np.concatenate([b.labels for _, b in parts]),
-                [p for _, b in parts for p in b.paths],
+                list(itertools.chain.from_iterable(b.paths for _, b in parts)),
                 0,
                 sum(b.nbytes for _, b in parts),
             )
         else:
             batch = merge_batches([b for _, b in parts], stack=stack)
-        batch.sources = np.concatenate([np.full(len(b.paths), i, np.int64) for i, b in parts])
+        batch.sources = np.repeat([i for i, _ in parts], [len(b.paths) for _, b in parts])
         return batch
 
     def record_order(self, epoch: int) -> np.ndarray:
@@ -239,15 +270,12 @@ class Producer:
                 array = spare.pop() if spare else None  # popped: an abandoned epoch may run on
                 cursors.append(_Cursor(store, pieces, source.fixed_shape, verify[i], ahead, array))
             total, size = len(lane), opts.batch_size
-            for start in range(0, total, size):
+            per_batch = _counts_per_batch(lane, size, len(cursors))
+            for number, start in enumerate(range(0, total, size)):
                 n = min(size, total - start)
                 if n < size and opts.drop_last:
                     break
-                counts = (
-                    [n]
-                    if lane.mix is None
-                    else np.bincount(lane.mix[start : start + n], minlength=len(cursors)).tolist()
-                )
+                counts = [n] if per_batch is None else per_batch[number]
                 rows = np.empty((n, *shared), np.uint8) if shared else None
                 parts, row = [], 0
                 for i, count in enumerate(counts):
@@ -267,7 +295,9 @@ class Producer:
             return None
         depth = self.options.read_ahead
         if depth is None:
-            depth = AUTO_DEPTH if store_bytes(path) > memory_for_cache() else 0
+            if path not in self._auto_depth:  # a store does not change: asked once, not each epoch
+                self._auto_depth[path] = AUTO_DEPTH if store_bytes(path) > memory_for_cache() else 0
+            depth = self._auto_depth[path]
         return ReadAhead(path, spans, depth) if depth else None
 
     def _open_stores(self) -> list[Store]:
@@ -346,6 +376,19 @@ class _Cursor:
             self.ahead.close()
         self.window = None
         return self.array
+
+
+def _counts_per_batch(lane: Lane, size: int, stores: int) -> list[list[int]] | None:
+    """How many records each store gives each batch of a mixture's lane (None: one store)."""
+    if lane.mix is None:
+        return None
+    n = len(lane.mix)
+    if n == 0:
+        return []
+    ends = np.minimum(np.arange(size, n + size, size), n)  # where each batch ends
+    so_far = np.stack([np.cumsum(lane.mix == s)[ends - 1] for s in range(stores)], axis=1)
+    counts: list[list[int]] = np.diff(so_far, axis=0, prepend=0).tolist()
+    return counts
 
 
 def _take(ahead: ReadAhead, first: int, k: int) -> Fetched | None:
