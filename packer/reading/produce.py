@@ -38,7 +38,13 @@ from packer.reading.batching import (
     split_window,
 )
 from packer.reading.lanes import Lane, Layout, Phase, Piece, Planner
-from packer.reading.readahead import AUTO_DEPTH, SUPPORTED, ReadAhead, memory_for_cache, store_bytes
+from packer.reading.readahead import (
+    SUPPORTED,
+    ReadAhead,
+    auto_depth,
+    memory_for_cache,
+    store_bytes,
+)
 from packer.store.access import Store
 from packer.store.base import Fetched
 from packer.store.manifest import Manifest
@@ -57,6 +63,7 @@ class Source:
 
     path: Path
     manifest: Manifest
+    chunk_size: int  # records per chunk, as the reader reads it
 
     @property
     def fixed_shape(self) -> tuple[int, ...] | None:
@@ -85,7 +92,7 @@ class Producer:
         # Each store's window array of the last epoch, for the next epoch's windows (_Cursor).
         self._spare_windows: list[list[np.ndarray]] = [[] for _ in sources]
         self._planned: tuple[Any, Lane] | None = None  # the last lane planned, and its key
-        self._auto_depth: dict[Path, int] = {}  # read_ahead=None: each store's depth
+        self._auto_depth: dict[Path, int] = {}  # read_ahead=None: the depth for each store
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
         if options.size is not None:
@@ -265,7 +272,7 @@ class Producer:
         try:
             for i, (source, store) in enumerate(zip(self.sources, stores, strict=True)):
                 pieces = lane.pieces[i]
-                ahead = self._read_ahead(source.path, [s for p in pieces for s in p.spans])
+                ahead = self._read_ahead(source, [s for p in pieces for s in p.spans])
                 spare = self._spare_windows[i]
                 array = spare.pop() if spare else None  # popped: an abandoned epoch may run on
                 cursors.append(_Cursor(store, pieces, source.fixed_shape, verify[i], ahead, array))
@@ -290,15 +297,22 @@ class Producer:
                 if array is not None:
                     self._spare_windows[i][:] = [array]
 
-    def _read_ahead(self, path: Path, spans: list[plan.Span]) -> ReadAhead | None:
-        if not spans or not SUPPORTED or self.sources[0].manifest.backend == "pytables":
+    def _read_ahead(self, source: Source, spans: list[plan.Span]) -> ReadAhead | None:
+        if not spans or not SUPPORTED or source.manifest.backend == "pytables":
             return None
         depth = self.options.read_ahead
-        if depth is None:
-            if path not in self._auto_depth:  # a store does not change: asked once, not each epoch
-                self._auto_depth[path] = AUTO_DEPTH if store_bytes(path) > memory_for_cache() else 0
-            depth = self._auto_depth[path]
-        return ReadAhead(path, spans, depth) if depth else None
+        if depth is None:  # only where the page cache cannot serve the epoch
+            if source.path not in self._auto_depth:  # decided once per store, not each epoch
+                self._auto_depth[source.path] = self._auto(source)
+            depth = self._auto_depth[source.path]
+        return ReadAhead(source.path, spans, depth) if depth else None
+
+    def _auto(self, source: Source) -> int:
+        memory = memory_for_cache()
+        if store_bytes(source.path) <= memory:
+            return 0
+        mean = (source.manifest.stats.get("payload_bytes") or {}).get("mean") or 0
+        return auto_depth(self.options.buffer_chunks, source.chunk_size * mean, memory)
 
     def _open_stores(self) -> list[Store]:
         if self._stores is None or self._store_pid != os.getpid():

@@ -144,7 +144,10 @@ class Reader:
         )
         worker, workers = options.worker or (0, 1)
         self._producer = Producer(
-            [Source(p, m) for p, m in zip(self.paths, self.manifests, strict=True)],
+            [
+                Source(p, m, size)
+                for p, m, size in zip(self.paths, self.manifests, self.chunk_sizes, strict=True)
+            ],
             options,
             (self.rank, self.world_size, worker, workers),
             self.planner,
