@@ -16,9 +16,9 @@ import pytest
 from conftest import write_image
 
 from packer import PackOptions, open_reader, open_store, pack
+from packer.errors import StateError
 from packer.reading import epoch as plan
 from packer.reading.lanes import Lane, Layout, Phase, Planner, batches_taken
-from packer.reading.state import StateError
 
 NUM = 600
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.errors import StoreError, UsageError
+from packer.errors import StateError, StoreError, UsageError
 from packer.prefetch import Prefetcher
 from packer.reading import epoch as plan
 from packer.reading.batching import Batch
@@ -34,7 +34,7 @@ from packer.reading.lanes import Layout, Phase, Planner
 from packer.reading.mixture import check_weights, quotas
 from packer.reading.options import ReaderOptions, default_chunk_size, rank_and_world
 from packer.reading.produce import EPOCH_END, Producer, Source
-from packer.reading.state import StateError, from_state, run_identity, to_state
+from packer.reading.state import from_state, run_identity, to_state
 from packer.store.access import open_manifest
 from packer.store.manifest import Manifest
 

@@ -18,17 +18,13 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from packer.errors import UsageError
+from packer.errors import StateError
 from packer.reading.lanes import Layout, Phase
 from packer.store.manifest import Manifest
 
-__all__ = ["StateError", "VERSION", "fingerprint", "run_identity", "to_state", "from_state"]
+__all__ = ["VERSION", "fingerprint", "run_identity", "to_state", "from_state"]
 
 VERSION = 1
-
-
-class StateError(UsageError):
-    """A saved reader state that is damaged, or belongs to another run (store, seed, ...)."""
 
 
 def fingerprint(manifest: Manifest) -> str:
