@@ -41,16 +41,16 @@ test-slow: install install-torch
 	$(BIN)/python -m pytest -q -m slow -o addopts=""
 
 lint: install
-	$(BIN)/ruff check packer tests scripts
+	$(BIN)/ruff check packer tests scripts benchmarks
 	$(BIN)/mypy packer
 
 fmt: install
-	$(BIN)/ruff check --fix packer tests scripts
-	$(BIN)/ruff format packer tests scripts
+	$(BIN)/ruff check --fix packer tests scripts benchmarks
+	$(BIN)/ruff format packer tests scripts benchmarks
 
 bench: install install-torch
-	$(BIN)/python scripts/bench_pack.py
-	$(BIN)/python scripts/bench_reader.py
+	$(BIN)/python benchmarks/bench_pack.py
+	$(BIN)/python benchmarks/bench_reader.py
 
 # The wheel and the sdist in dist/, by the standard front end; their metadata and contents
 # checked (twine, scripts/check_dist.py).

@@ -136,7 +136,7 @@ def test_every_install_instruction_names_this_distribution() -> None:
     """`packer` on the package index is another project: no message or document may tell a
     user to install it."""
     files = [ROOT / "Makefile", *ROOT.glob("*.md"), *ROOT.glob("docs/*.md")]
-    files += [*ROOT.glob("packer/**/*.py"), *ROOT.glob("scripts/*")]
+    files += [*ROOT.glob("packer/**/*.py"), *ROOT.glob("scripts/*"), *ROOT.glob("benchmarks/*")]
     wrong = []
     for path in files:
         for command in re.findall(r"pip install [^\n`\"]*", path.read_text(encoding="utf-8")):

@@ -1,7 +1,7 @@
 """Pack time on a local Dask cluster of 1, 2 and 4 worker processes against the
 single-machine pack, side by side in one run, on one generated image folder.
 
-    python scripts/bench_dask.py --images 3000 --shards 16
+    python benchmarks/bench_dask.py --images 3000 --shards 16
 
 Each cluster is started before its clock starts (its start-up time is reported apart), so
 the figures compare the packing itself. Every Dask store is checked to be byte-identical to

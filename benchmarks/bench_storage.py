@@ -26,8 +26,8 @@ Then, for each profile (hdd, nas, cloud), memory capped at half the store:
 Every figure comes from one run, side by side; the table goes to docs/benchmarks/storage.md
 (or --out) with the machine, the command and the date.
 
-    sudo python scripts/bench_storage.py                 # ~30 minutes, 8 GB of disk
-    sudo python scripts/bench_storage.py --quick         # a smaller set, one profile
+    sudo python benchmarks/bench_storage.py                 # ~30 minutes, 8 GB of disk
+    sudo python benchmarks/bench_storage.py --quick         # a smaller set, one profile
 """
 
 from __future__ import annotations
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep and not mounted:
             subprocess.run([args.tool, "down", str(mount)], check=False)
     report.update(photos=args.photos, pack_photos=args.pack_photos)
-    command = "python scripts/bench_storage.py " + shlex.join(argv or sys.argv[1:])
+    command = "python benchmarks/bench_storage.py " + shlex.join(argv or sys.argv[1:])
     text = render(report, command.strip())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)

@@ -25,8 +25,8 @@ Writes land in the page cache too (no fsync) and are noisy on a shared box.
 Files are opened with h5py's default 1 MiB chunk cache (rdcc_nbytes).
 
 Run (1 MB = 10**6 bytes):
-    python scripts/bench_hdf5_layout.py                      # ~1 GB, table
-    python scripts/bench_hdf5_layout.py --total-mb 50 --repeat 1 --json
+    python benchmarks/bench_hdf5_layout.py                      # ~1 GB, table
+    python benchmarks/bench_hdf5_layout.py --total-mb 50 --repeat 1 --json
 """
 
 from __future__ import annotations

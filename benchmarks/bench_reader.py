@@ -38,9 +38,9 @@ compares runs made side by side. Reader runs: batch 256, shuffle=True, one epoch
 
 Image files and stores are warm in the page cache: reads cost memory copies, not disk.
 
-    python scripts/bench_reader.py               # ~3 minutes, plus packing the first time
-    python scripts/bench_reader.py --quick       # smoke test, < 60 s
-    python scripts/bench_reader.py --memory --repeat 5 --json
+    python benchmarks/bench_reader.py               # ~3 minutes, plus packing the first time
+    python benchmarks/bench_reader.py --quick       # smoke test, < 60 s
+    python benchmarks/bench_reader.py --memory --repeat 5 --json
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from packer.arguments import default_workers, parse_hw
 from packer.store import lmdb_store
 from packer.store.manifest import FORMAT_VERSION, MANIFEST_NAME
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
 
 DEFAULT_IMAGES, QUICK_IMAGES, RAW_EPOCHS, OVERLAP_EPOCHS = 3000, 300, 10, 3
@@ -678,7 +678,7 @@ def pack_stores(args: argparse.Namespace, data: Folder, at: Path) -> dict[str, P
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = shlex.join(
-        ["python", "scripts/bench_reader.py", *(sys.argv[1:] if argv is None else argv)]
+        ["python", "benchmarks/bench_reader.py", *(sys.argv[1:] if argv is None else argv)]
     )
     name = "quick" if args.quick else f"images-{args.images}"
     data = prepare_folder(args.workdir / name, args.images, tuple(args.size_range))

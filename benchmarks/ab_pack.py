@@ -8,9 +8,9 @@ the like, is not counted) and reports its median and fastest pack and its median
 small change is worth a few percent on a shared machine whose runs wander by ten: only the
 medians over several rounds, made in turn, tell it from the noise.
 
-    python scripts/ab_pack.py c8f8c5d~1 c8f8c5d --backend lmdb     # that commit's gain
-    python scripts/ab_pack.py HEAD --backend hdf5 --check full --rounds 6
-    python scripts/ab_pack.py HEAD --source ~/photos    # another folder than the bench's
+    python benchmarks/ab_pack.py c8f8c5d~1 c8f8c5d --backend lmdb     # that commit's gain
+    python benchmarks/ab_pack.py HEAD --backend hdf5 --check full --rounds 6
+    python benchmarks/ab_pack.py HEAD --source ~/photos    # another folder than the bench's
 """
 
 from __future__ import annotations

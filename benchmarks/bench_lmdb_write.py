@@ -4,7 +4,7 @@ same bytes, side by side in one run. Each value is a new bytes object, as a pack
 one per record (header + payload): a transaction holds its values until it commits, so its size
 decides how much memory is freed and allocated again in turn.
 
-    python scripts/bench_lmdb_write.py
+    python benchmarks/bench_lmdb_write.py
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import lmdb
 
-VALUE_BYTES = 120_000  # the mean source file of scripts/bench_pack.py
+VALUE_BYTES = 120_000  # the mean source file of benchmarks/bench_pack.py
 
 
 def lmdb_write(

@@ -1,6 +1,6 @@
 """Threads or processes for the reader's decode pool, and which decoder? Measured here.
 
-    python scripts/bench_decode_pool.py [--images 1500] [--side 400] [--repeat 3]
+    python benchmarks/bench_decode_pool.py [--images 1500] [--side 400] [--repeat 3]
 
 Decodes the same JPEG bytes (held in memory, as the reader holds a window) to RGB arrays with
 (a) one thread, (b) a pool of N threads, (c) a pool of N processes that receive the bytes and

@@ -35,9 +35,9 @@ cache (reads cost memory copies), and cold: each source file's cached pages drop
 the run (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed), so that every file is read
 from the disk, as when packing a folder larger than memory.
 
-    python scripts/bench_pack.py                       # `make bench`; ~220 MB, a few minutes
-    python scripts/bench_pack.py --quick               # smoke test, < 30 s
-    python scripts/bench_pack.py --backends lmdb --repeat 5 --json
+    python benchmarks/bench_pack.py                       # `make bench`; ~220 MB, a few minutes
+    python benchmarks/bench_pack.py --quick               # smoke test, < 30 s
+    python benchmarks/bench_pack.py --backends lmdb --repeat 5 --json
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from packer.imaging import headers
 from packer.inspect.look import drop_cached
 from packer.store.manifest import MANIFEST_NAME, Manifest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
 
 DEFAULT_IMAGES = 1800  # ~124 KB each at 300-640 px: ~220 MB
@@ -437,7 +437,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
-    command = shlex.join(["python", "scripts/bench_pack.py", *given])
+    command = shlex.join(["python", "benchmarks/bench_pack.py", *given])
     workers = default_workers()
     folder = args.workdir / ("quick" if args.quick else "images")
     data = prepare_data(folder, args.images, (args.size_range[0], args.size_range[1]))

@@ -1,7 +1,7 @@
 """Checking raw rows' CRC-32s: a call per row against one pass per block, zlib's CRC-32
 against packer's (ISA-L's, from the isal package, where installed).
 
-    python scripts/bench_row_checks.py [--rows 3000] [--shape 64x64x3] [--json]
+    python benchmarks/bench_row_checks.py [--rows 3000] [--shape 64x64x3] [--json]
 
 Each way runs alone, then beside a busy Python thread (as a reader's producer runs beside
 the training loop and its decode threads): a call per row gives up the GIL once per row

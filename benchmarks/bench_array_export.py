@@ -1,6 +1,6 @@
 """A decoded RGB image into a NumPy array: Pillow's ``tobytes`` against its Arrow export.
 
-    python scripts/bench_array_export.py [--side 400] [--repeat 200]
+    python benchmarks/bench_array_export.py [--side 400] [--repeat 200]
 
 The reader turns each decoded image into an array with ``np.asarray(image)``, which calls
 ``Image.tobytes``: two copies with the GIL held. Pillow 13 also exports an image through the
