@@ -147,6 +147,10 @@ def pack(
     source, output = Path(source), Path(output)
     options = options or PackOptions(backend=backend_for_path(output) or "lmdb")
     _check_paths(source, output)
+    if options.dask:
+        from packer.packing.dask_pack import require_dask  # Dask is an optional extra
+
+        require_dask()  # before the scan, which can take minutes
     src = load_source(
         source,
         options.labels,
