@@ -24,15 +24,16 @@ $(STAMP): pyproject.toml packer/__init__.py
 install-torch: install
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
 
+# Ends with the point: one epoch read from the folder a file at a time and from each store,
+# under a simulated training step, with the share of time a GPU would wait for data.
 demo: install
 	rm -rf demo
-	$(BIN)/python scripts/make_demo_data.py demo/images --csv demo/labels.csv
+	$(BIN)/python scripts/make_demo_data.py demo/images --csv demo/labels.csv --per-class 250
 	$(BIN)/packer pack demo/images demo/demo.lmdb --seed 0
 	$(BIN)/packer pack demo/images demo/demo.h5 --labels demo/labels.csv --seed 0
 	$(BIN)/packer inspect demo/demo.lmdb
 	$(BIN)/packer inspect demo/demo.h5
-	$(BIN)/python scripts/read_store.py demo/demo.lmdb --epochs 2
-	$(BIN)/python scripts/read_store.py demo/demo.h5 --epochs 2
+	$(BIN)/python scripts/demo_compare.py demo/images demo/demo.lmdb demo/demo.h5
 
 test: install install-torch
 	$(BIN)/python -m pytest -q
