@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting  # noqa: E402
 from bench_pack import DEFAULT_IMAGES, prepare_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         base, new = (statistics.median(medians[name]) for name in versions)
+        print(reporting.header("Two revisions' packs, side by side", reporting.command(__file__)))
         label = {name: versions[name] or "working tree" for name in versions}
         print(
             f"{args.backend} --check {args.check}, median of {args.rounds} rounds of "

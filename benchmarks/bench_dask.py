@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import reporting
 from distributed import LocalCluster
 from PIL import Image
 
@@ -91,6 +92,7 @@ def main() -> None:
                 json.dumps({"images": args.images, "shards": args.shards, "rows": rows}, indent=1)
             )
         else:
+            print(reporting.header("Packing on a Dask cluster", reporting.command(__file__)))
             print(f"{args.images} images, {args.shards} shards (identical stores)")
             print(f"{'packer':<24}{'seconds':>9}{'images/s':>10}{'vs local':>10}{'start-up':>10}")
             for r in rows:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import lmdb
+import reporting
 
 VALUE_BYTES = 120_000  # the mean source file of benchmarks/bench_pack.py
 
@@ -69,6 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench"
         best = min(plain_write(path, values, args.count) for _ in range(args.repeat))
+        print(reporting.header("LMDB writes against a plain write", reporting.command(__file__)))
         print(f"{total_mb:.0f} MB, best of {args.repeat}")
         print(f"plain write + fsync               {best:6.3f} s")
         for txn_mb in (1, 8, 64):

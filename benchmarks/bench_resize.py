@@ -38,6 +38,7 @@ from packer.imaging import decode as imaging
 from packer.imaging import resizing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting
 from bench_reader import prepare_folder  # noqa: E402
 
 TARGET = (224, 224)
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     report = {
-        "command": "python benchmarks/bench_resize.py " + " ".join(argv or sys.argv[1:]),
+        "command": reporting.command(__file__, argv),
         "images_per_format": args.images,
         "ms_per_image": rows,
         "psnr_vs_lanczos_db": quality,
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(report["command"])
+    print(reporting.header("Resizing decoded images", report["command"]))
     columns = list(next(iter(rows.values())))
     print(f"{'ms per image':12} " + " | ".join(f"{c:>15}" for c in columns))
     for fmt, row in rows.items():
