@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml packer/__init__.py | cksu
 # the CPU build. 2.13.0 is pinned because this project's machines carry that wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-torch demo test test-slow lint fmt bench dist smoke clean
+.PHONY: install install-torch demo test test-slow lint fmt docs bench dist smoke clean
 
 install: $(STAMP)
 
@@ -49,6 +49,12 @@ fmt: install
 	$(BIN)/ruff check --fix packer tests scripts benchmarks
 	$(BIN)/ruff format packer tests scripts benchmarks
 
+# The documentation site in site/, built strictly: a broken link, anchor or API reference
+# fails. The docs extra (MkDocs, Material, mkdocstrings) goes into the same .venv.
+docs: install
+	$(BIN)/python -c "import mkdocs, material, mkdocstrings" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: install install-torch
 	$(BIN)/python benchmarks/bench_pack.py
 	$(BIN)/python benchmarks/bench_reader.py
@@ -66,4 +72,4 @@ smoke: dist
 	PYTHON=$(PYTHON) bash scripts/smoke_dist.sh dist
 
 clean:
-	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache
