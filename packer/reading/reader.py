@@ -340,6 +340,7 @@ class Reader:
             self._active = None
 
     def close(self) -> None:
+        """Stop the background threads and close the store (also on leaving ``with``)."""
         self._stop_active()
         self._producer.close()
 
