@@ -76,7 +76,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
 
     def state_dict(self, batches: int, num_workers: int) -> dict[str, Any]:
         """The state after the training loop took ``batches`` batches of the current epoch
-        from a DataLoader with ``num_workers`` workers (which hands out the workers' batches
+        (since it began, or since ``load_state_dict`` resumed it) from a DataLoader with
+        ``num_workers`` workers (which hands out the workers' batches
         in turn, as it does by default). Load it, on any number of ranks and workers, with
         ``load_state_dict``."""
         options = replace(self.options, worker=(0, max(1, num_workers)))
