@@ -27,10 +27,10 @@ torch's own extra threads would otherwise buy that run a larger share of the cor
 torchvision and FFCV are not packer dependencies: run this in an environment that has them
 (docs/benchmarks/augment.md says which).
 
-    python scripts/bench_augment.py                 # both corpora, a few minutes
-    python scripts/bench_augment.py --quick         # smoke test
-    python scripts/bench_augment.py --json
-    python scripts/bench_augment.py --cpu           # CPU per image, one thread, no loaders
+    python benchmarks/bench_augment.py                 # both corpora, a few minutes
+    python benchmarks/bench_augment.py --quick         # smoke test
+    python benchmarks/bench_augment.py --json
+    python benchmarks/bench_augment.py --cpu           # CPU per image, one thread, no loaders
 
 ``--cpu`` times each way's work per image in one thread with ``time.process_time`` (first
 300 small photos, first 20 large): a cost that other jobs on a shared machine do not move, as
@@ -435,7 +435,7 @@ def main() -> None:
         return
     report = {
         "machine": f"{platform.processor() or platform.machine()}, {CORES} cores",
-        "command": " ".join(["python", "scripts/bench_augment.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/bench_augment.py", *sys.argv[1:]]),
         "results": results,
         "goals": [],
     }
