@@ -44,7 +44,9 @@ FORMAT = "packer-store"
 # use the "columns" layout (packer/store/lmdb_store.py). 3: shard files are hashed with
 # xxh3-128, each shard's "checksum" naming its algorithm, where 1 and 2 had a "sha256".
 # 4: the manifest ends with a checksum of its own bytes ("manifest_checksum", see _seal).
-FORMAT_VERSION = 4
+# 5: LMDB shards hold blocks of records, several small records a value (the "blocks"
+# layout, packer/store/lmdb_blocks.py), where a small record took a 4 KB page of its own.
+FORMAT_VERSION = 5
 OLDEST_FORMAT_VERSION = 1  # every format since the first still opens
 _SEALED_SINCE = 4  # the first format whose manifests must carry their own checksum
 SHARD_HASH = "xxh3_128"  # how new shard files are hashed; sha256 is still read and checked
