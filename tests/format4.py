@@ -63,12 +63,16 @@ def _write_shard(file: Path, meta: dict[str, Any], records: list[Record]) -> Non
                 group = records[first : first + GROUP]
                 n = meta["num_label_columns"]
                 value = {
-                    "l": np.array([r.labels for r in group], "<i8").reshape(len(group), n).tobytes(),
+                    "l": np.array([r.labels for r in group], "<i8")
+                    .reshape(len(group), n)
+                    .tobytes(),
                     "c": np.array([r.crc32 for r in group], "<u4").tobytes(),
                     "p": [r.path for r in group],
                 }
                 txn.put(columns_key(first), msgpack.packb(value))
-    meta = {**meta, "layout": "columns", "group": GROUP} if columns else {**meta, "layout": "records"}
+    meta = (
+        {**meta, "layout": "columns", "group": GROUP} if columns else {**meta, "layout": "records"}
+    )
     smallest = min((len(txn_value) for txn_value in _values(env, len(records))), default=0)
     if records and smallest > env.stat()["psize"] // 2:
         places = _value_places(env, len(records))

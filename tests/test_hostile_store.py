@@ -451,15 +451,25 @@ CASES: dict[str, Case] = {
     "skipped-ints": Case("lmdb", _set("skipped", value=[1, 2]), ["skipped[0]"]),
     "max-pixels-string": Case("lmdb", _set("options", "max_pixels", value="lots"), ["max_pixels"]),
     # hostile LMDB values: the msgpack meta, the length prefix, the shard's own meta
-    "meta-path-int": Case("old-lmdb", _lmdb_value(3, _meta(p=5)), [_R + " 3", "'p'"], (_HEAD, _VERIFY)),
-    "meta-labels-text": Case("old-lmdb", _lmdb_value(3, _meta(l="abc")), [_R + " 3"], (_HEAD, _VERIFY)),
+    "meta-path-int": Case(
+        "old-lmdb", _lmdb_value(3, _meta(p=5)), [_R + " 3", "'p'"], (_HEAD, _VERIFY)
+    ),
+    "meta-labels-text": Case(
+        "old-lmdb", _lmdb_value(3, _meta(l="abc")), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
     "meta-label-2**64": Case(
         "old-lmdb", _lmdb_value(3, _meta(l=[2**64 - 1])), [_R + " 3"], (_HEAD, _VERIFY)
     ),
     "meta-crc-text": Case("old-lmdb", _lmdb_value(3, _meta(c="x")), [_R + " 3"], (_HEAD, _VERIFY)),
-    "meta-shape-pair": Case("old-lmdb", _lmdb_value(3, _meta(s=[1, 2])), [_R + " 3"], (_HEAD, _VERIFY)),
-    "meta-format-none": Case("old-lmdb", _lmdb_value(3, _meta(f=None)), [_R + " 3"], (_HEAD, _VERIFY)),
-    "meta-a-list": Case("old-lmdb", _lmdb_value(3, _meta_is([1, 2, 3])), [_R + " 3"], (_HEAD, _VERIFY)),
+    "meta-shape-pair": Case(
+        "old-lmdb", _lmdb_value(3, _meta(s=[1, 2])), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
+    "meta-format-none": Case(
+        "old-lmdb", _lmdb_value(3, _meta(f=None)), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
+    "meta-a-list": Case(
+        "old-lmdb", _lmdb_value(3, _meta_is([1, 2, 3])), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
     "meta-shape-terapixels": Case(  # raw pixels: a naive np.empty(shape) would take 3 TB
         "old-rawvar-lmdb",
         _lmdb_value(3, _meta(s=[2**20, 2**20, 3])),
@@ -480,7 +490,10 @@ CASES: dict[str, Case] = {
     ),
     # LMDB blocks (format 5): 12 records a shard, one block
     "block-garbage": Case(
-        "lmdb", _lmdb_value(0, lambda v: b"\xc1" * 100), [_R + "s 0..11", "header"], (_HEAD, _VERIFY)
+        "lmdb",
+        _lmdb_value(0, lambda v: b"\xc1" * 100),
+        [_R + "s 0..11", "header"],
+        (_HEAD, _VERIFY),
     ),
     "block-length-past-value": Case(
         "lmdb",

@@ -192,7 +192,9 @@ def parse_block(value: bytes | memoryview, count: int, label_columns: int) -> Bl
         raise ValueError(f"block value is {len(view)} bytes, too short")
     (length,) = _LENGTH.unpack_from(view, end)
     if length > end:
-        raise ValueError(f"block header length {length:,} does not fit the {len(view):,}-byte value")
+        raise ValueError(
+            f"block header length {length:,} does not fit the {len(view):,}-byte value"
+        )
     inflate = zlib.decompressobj()
     try:
         limit = 1024 + count * (_MAX_RECORD_HEADER + 8 * label_columns)
