@@ -22,8 +22,7 @@ from PIL import Image
 
 from packer import PackOptions, open_store, pack
 from packer.errors import ManifestError
-from packer.store import ShardMeta, open_shard_reader, open_shard_writer
-from packer.store import lmdb_store
+from packer.store import ShardMeta, lmdb_store, open_shard_reader, open_shard_writer
 from packer.store.lmdb_store import record_key
 from packer.store.manifest import ShardInfo, read_manifest, write_manifest
 from packer.store.record import Record, checksum

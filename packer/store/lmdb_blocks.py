@@ -70,9 +70,10 @@ class BlockLayout:
     ) -> None:
         self._env, self.path, self._count_read = env, path, count_read
         self._len = int(meta["num_records"])
-        self._columns = meta.get("num_label_columns")
-        if type(self._columns) is not int or not 0 <= self._columns < 1 << 16:
-            raise ValueError(f"num_label_columns {self._columns!r} is not a column count")
+        columns = meta.get("num_label_columns")
+        if type(columns) is not int or not 0 <= columns < 1 << 16:
+            raise ValueError(f"num_label_columns {columns!r} is not a column count")
+        self._columns: int = columns
         self._starts = block_starts(meta, self._len)
         self._ends = np.append(self._starts[1:], self._len)
         self._shape = _raw_shape(meta.get("raw_shape"))
@@ -95,7 +96,7 @@ class BlockLayout:
 
     def _value(
         self, txn: lmdb.Transaction, number: int, fetched: Fetched | None
-    ) -> tuple[memoryview, bool]:
+    ) -> tuple[bytes | memoryview, bool]:
         """Block ``number``'s value, and whether it was read through the map."""
         if fetched is not None and self._places is not None:
             offset, length = self._places[number]
@@ -110,7 +111,7 @@ class BlockLayout:
     def _where(self, number: int) -> str:
         return f"{self.path}: records {self._starts[number]}..{self._ends[number] - 1}"
 
-    def _index(self, number: int, value: memoryview) -> BlockIndex:
+    def _index(self, number: int, value: bytes | memoryview) -> BlockIndex:
         """Block ``number``'s header, parsed and checked once while it stays in the cache."""
         index = self._cache.get(number)
         if index is not None:
@@ -150,7 +151,7 @@ class BlockLayout:
                 a, z = max(start, first) - first, min(stop, int(self._ends[number])) - first
                 bounds = index.offsets[a : z + 1]
                 lo, hi = int(bounds[0]), int(bounds[-1])
-                if flat is not None:
+                if flat is not None and out is not None:
                     sizes = np.diff(bounds)
                     if (sizes != row_bytes).any():
                         k = int(np.argmax(sizes != row_bytes))

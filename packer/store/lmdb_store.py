@@ -37,10 +37,8 @@ from packer.store.lmdb_blocks import BlockLayout, record_key
 from packer.store.record import (
     BLOCK_BYTES,
     Block,
-    BlockIndex,
     Record,
     block_value,
-    parse_block,
     unpack_value,
 )
 
@@ -130,7 +128,7 @@ class LmdbShardWriter:
         size = len(record.data)
         if size >= BLOCK_BYTES:  # a block of its own, read into its value where it could be
             self._end_block()
-            value = record.value
+            value: bytes | memoryview | None = record.value
             if value is None:
                 value = block_value([record], self.meta.num_label_columns, self._min_block)
             self._put_block(self._count, value)
