@@ -10,6 +10,9 @@
    (shuffled, checksums verified) reading one epoch, against an LMDB cursor walk copying every
    value into bytes, or h5py reading ``images`` in slices of the reader's chunk size into one
    reused array by HDF5's own call. Best of ``--repeat`` runs, interleaved. Target >= 0.5.
+   Shown too, the floor under any shuffling reader (bench_reader.py's kept_reads): the same
+   reads copied into a window of 8 chunks, and each window copied out again in a random
+   order into batches of 256; no checks, no labels or paths, no threads.
 
 Folders and stores are cached under ``--workdir``, warm in the page cache: reads cost memory
 copies, not disk.
@@ -38,6 +41,9 @@ from PIL import Image
 
 from packer import PackOptions, open_reader, pack, read_manifest
 from packer.reading.options import default_chunk_size
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_reader import kept_reads  # noqa: E402
 
 # Record size -> images generated for it (about 2-60 MB of files each).
 SIZES = {500: 4000, 2_000: 3000, 8_000: 1000, 64_000: 300, 1_000_000: 30, 10_000_000: 6}
@@ -142,6 +148,7 @@ def raw_part(work: Path, images: int, repeat: int) -> list[dict[str, Any]]:
         runs[f"bare {backend}"] = (
             (lambda s=store: lmdb_walk(s)) if backend == "lmdb" else (lambda s=store: h5_slices(s))
         )
+        runs[f"floor {backend}"] = lambda s=store: shuffle_floor(s)
         runs[f"reader {backend}"] = lambda s=store: reader_epoch(s)
         runs[f"reader {backend} verify=False"] = lambda s=store: reader_epoch(s, verify=False)
     best: dict[str, float] = {}
@@ -154,16 +161,23 @@ def raw_part(work: Path, images: int, repeat: int) -> list[dict[str, Any]]:
     rows = []
     for backend in stores:
         bare = best[f"bare {backend}"]
-        for name in (f"reader {backend}", f"reader {backend} verify=False"):
+        for name in (f"floor {backend}", f"reader {backend}", f"reader {backend} verify=False"):
             rows.append(
                 {
                     "run": name,
                     "images_per_s": round(best[name]),
                     "bare": round(bare),
                     "ratio": round(best[name] / bare, 3),
+                    "of_floor": round(best[name] / best[f"floor {backend}"], 3),
                 }
             )
     return rows
+
+
+def shuffle_floor(store: Path) -> int:
+    manifest = read_manifest(store)
+    chunk = default_chunk_size(manifest.stats, manifest.num_records)
+    return int(kept_reads(store, chunk, 8, 1, shuffle=True)["images"])
 
 
 def render(report: dict[str, Any]) -> str:
@@ -182,7 +196,7 @@ def render(report: dict[str, Any]) -> str:
     for row in report["raw"]:
         lines.append(
             f"{row['run']:<28} {row['images_per_s']:>10,} img/s   bare {row['bare']:>10,}"
-            f"   {row['ratio']:.3f}x"
+            f"   {row['ratio']:.3f}x bare   {row['of_floor']:.3f}x floor"
         )
     return "\n".join(lines)
 

@@ -236,15 +236,19 @@ def _small_column(f: h5py.File, name: str, data: np.ndarray) -> None:
     """One of the small columns, deflated (with HDF5's byte shuffle) in chunks of
     _COLUMN_ROWS rows: uncompressed, their ~60 bytes a record made a store of 500-byte images
     1.16x their files. A reader inflates a chunk per column for a lone record, and every
-    chunk once when reading in order (_Spans)."""
-    rows = max(1, min(len(data), _COLUMN_ROWS))
-    compress = {"compression": "gzip", "shuffle": True} if len(data) else {}
+    chunk once when reading in order (_Spans). An empty one (no records, no label columns)
+    cannot be chunked."""
+    if not data.size:
+        f.create_dataset(name, data=data, track_times=False)
+        return
+    rows = min(len(data), _COLUMN_ROWS)
     f.create_dataset(
         name,
         data=data,
-        chunks=(rows, *data.shape[1:]) if len(data) else None,
+        chunks=(rows, *data.shape[1:]),
+        compression="gzip",
+        shuffle=True,
         track_times=False,
-        **compress,
     )
 
 

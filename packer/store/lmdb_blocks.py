@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -169,10 +170,10 @@ class BlockLayout:
         return Block(
             data=out[:n] if out is not None else payloads,
             labels=_joined([p.labels[a:z] for p, a, z in parts], (0, self._columns), np.int64),
-            paths=[path for p, a, z in parts for path in p.paths[a:z]],
+            paths=list(chain.from_iterable(p.paths[a:z] for p, a, z in parts)),
             crc32=_joined([p.crc32[a:z] for p, a, z in parts], (0,), np.uint32),
             shapes=_joined([p.shapes[a:z] for p, a, z in parts], (0, 3), np.int32),
-            formats=[name for p, a, z in parts for name in p.formats[a:z]],
+            formats=list(chain.from_iterable(p.formats[a:z] for p, a, z in parts)),
         )
 
     def read_labels(self) -> np.ndarray:

@@ -57,7 +57,9 @@ _SHARD_NAME = re.compile(r"^shard-\d{5,}\.(lmdb|h5)$")
 _MAX_RECORDS = 1 << 40  # far beyond any real store; guards allocations sized from the manifest
 _MAX_MANIFEST_BYTES = 64 << 20  # a real one is kilobytes (megabytes with 100,000s of skipped files)
 _MAX_RECORD_BYTES = 1 << 30  # h x w x c of a fixed shape: Pillow's own limit is 716 MB (4 channels)
-_MIN_RECORD_BYTES = 16  # a record takes at least this much of its shard file, in either backend
+# A record takes at least this much of its shard file, in either backend: a payload byte and
+# its CRC-32 (its other columns and path are compressed with its neighbours' since format 5).
+_MIN_RECORD_BYTES = 5
 
 
 @dataclass
