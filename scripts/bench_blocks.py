@@ -7,7 +7,7 @@
    files' bytes (their sizes, not the disk blocks they take). Target <= 1.05.
 2. Raw reader vs a bare read of the same shards: ``--raw-images`` noise images packed
    ``raw=True, size=(32, 32)``; ``open_reader(store, batch_size=256)`` with its defaults
-   (shuffled, checksums verified) reading one epoch, against an LMDB cursor walk copying every
+   (shuffled, checksums verified) reading 5 epochs, against an LMDB cursor walk copying every
    value into bytes, or h5py reading ``images`` in slices of the reader's chunk size into one
    reused array by HDF5's own call. Best of ``--repeat`` runs, interleaved. Target >= 0.5.
    Shown too, the floor under any shuffling reader (bench_reader.py's kept_reads): the same
@@ -31,6 +31,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from PIL import Image
 
 from packer import PackOptions, open_reader, pack, read_manifest
 from packer.reading.options import default_chunk_size
+from packer.store.manifest import FORMAT_VERSION
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_reader import kept_reads  # noqa: E402
@@ -50,6 +52,7 @@ SIZES = {500: 4000, 2_000: 3000, 8_000: 1000, 64_000: 300, 1_000_000: 30, 10_000
 QUICK_SIZES = {500: 400, 2_000: 300, 64_000: 30, 1_000_000: 4}
 SIZE_TARGET, RAW_TARGET = 1.05, 0.5
 RAW_IMAGES, QUICK_RAW_IMAGES, BATCH = 20_000, 2_000, 256
+EPOCHS = 5  # epochs a raw run reads (one reader for all of them), or passes of a bare loop
 
 
 def noise_png(path: Path, nbytes: int, rng: np.random.Generator) -> None:
@@ -80,6 +83,7 @@ def files_bytes(root: Path) -> int:
 
 
 def packed(source: Path, out: Path, **options: Any) -> Path:
+    """``source`` packed into ``out`` once (names carry the format: a new one packs again)."""
     if not (out / "manifest.json").is_file():
         print(f"packing {out.name} ...", file=sys.stderr)
         pack(source, out, PackOptions(seed=0, overwrite=True, **options))
@@ -97,7 +101,7 @@ def size_part(work: Path, sizes: dict[int, int]) -> list[dict[str, Any]]:
         files = files_bytes(source)
         row: dict[str, Any] = {"record_bytes": files // count, "records": count, "files": files}
         for backend, ext in (("lmdb", "lmdb"), ("hdf5", "h5")):
-            store = packed(source, work / f"size-{nbytes}.{ext}", backend=backend)
+            store = packed(source, work / f"size-{nbytes}-v{FORMAT_VERSION}.{ext}", backend=backend)
             row[backend] = round(shards_bytes(store) / files, 4)
         rows.append(row)
     return rows
@@ -129,28 +133,39 @@ def h5_slices(store: Path) -> int:
     return manifest.num_records
 
 
-def reader_epoch(store: Path, **options: Any) -> int:
+def reader_epochs(store: Path, **options: Any) -> int:
+    """EPOCHS epochs of one reader (opening it, starting its threads, counted)."""
     images = 0
     with open_reader(store, batch_size=BATCH, **options) as reader:
-        for batch, _ in reader.epoch(0):
-            images += len(batch)
+        for epoch in range(EPOCHS):
+            for batch, _ in reader.epoch(epoch):
+                images += len(batch)
     return images
+
+
+def repeated(run: Callable[[Path], int], store: Path) -> int:
+    return sum(run(store) for _ in range(EPOCHS))
 
 
 def raw_part(work: Path, images: int, repeat: int) -> list[dict[str, Any]]:
     source = folder(work / f"files-raw-{images}", 1500, images)
     stores = {
-        b: packed(source, work / f"raw32-{images}.{ext}", backend=b, raw=True, size=(32, 32))
+        b: packed(
+            source,
+            work / f"raw32-{images}-v{FORMAT_VERSION}.{ext}",
+            backend=b,
+            raw=True,
+            size=(32, 32),
+        )
         for b, ext in (("lmdb", "lmdb"), ("hdf5", "h5"))
     }
     runs: dict[str, Callable[[], int]] = {}
     for backend, store in stores.items():
-        runs[f"bare {backend}"] = (
-            (lambda s=store: lmdb_walk(s)) if backend == "lmdb" else (lambda s=store: h5_slices(s))
-        )
-        runs[f"floor {backend}"] = lambda s=store: shuffle_floor(s)
-        runs[f"reader {backend}"] = lambda s=store: reader_epoch(s)
-        runs[f"reader {backend} verify=False"] = lambda s=store: reader_epoch(s, verify=False)
+        bare = lmdb_walk if backend == "lmdb" else h5_slices
+        runs[f"bare {backend}"] = partial(repeated, bare, store)
+        runs[f"floor {backend}"] = partial(repeated, shuffle_floor, store)
+        runs[f"reader {backend}"] = partial(reader_epochs, store)
+        runs[f"reader {backend} verify=False"] = partial(reader_epochs, store, verify=False)
     best: dict[str, float] = {}
     for _ in range(repeat):
         for name, run in runs.items():
