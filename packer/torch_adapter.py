@@ -52,6 +52,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
         self.options = replace(self.options, rank=rank, world_size=world)
 
     def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next (call it each epoch, as with DistributedSampler)."""
         self.epoch = epoch
         self._settle_ranks()  # again: the process group may have been initialised since
 

@@ -200,6 +200,11 @@ class Reader:
         return {"epoch": epoch, "batch": delivered, "seed": self.options.seed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume from ``state_dict()``: the next epoch iterated starts at the next batch.
+
+        Raises:
+            UsageError: the state was saved by a reader with another seed.
+        """
         if state.get("seed", self.options.seed) != self.options.seed:
             raise UsageError(
                 f"state was saved with seed {state['seed']}, this reader has seed {self.options.seed}"
@@ -218,6 +223,7 @@ class Reader:
             self._active = None
 
     def close(self) -> None:
+        """Stop the background threads and close the store (also on leaving ``with``)."""
         self._stop_active()
         self._producer.close()
 

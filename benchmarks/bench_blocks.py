@@ -17,8 +17,8 @@
 Folders and stores are cached under ``--workdir``, warm in the page cache: reads cost memory
 copies, not disk.
 
-    python scripts/bench_blocks.py                 # ~3 minutes, plus generating the first time
-    python scripts/bench_blocks.py --quick --json
+    python benchmarks/bench_blocks.py                 # ~3 minutes, plus generating the first time
+    python benchmarks/bench_blocks.py --quick --json
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     report = {
         "machine": f"{platform.machine()}, {platform.python_version()}",
-        "command": " ".join(["python", "scripts/bench_blocks.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python", "benchmarks/bench_blocks.py", *(argv or sys.argv[1:])]),
         "sizes": size_part(args.workdir, QUICK_SIZES if args.quick else SIZES),
         "raw": raw_part(args.workdir, QUICK_RAW_IMAGES if args.quick else RAW_IMAGES, args.repeat),
     }
