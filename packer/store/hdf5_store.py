@@ -242,7 +242,7 @@ def _small_column(f: h5py.File, name: str, data: np.ndarray) -> None:
         f.create_dataset(name, data=data, track_times=False)
         return
     rows = min(len(data), _COLUMN_ROWS)
-    f.create_dataset(
+    column = f.create_dataset(
         name,
         data=data,
         chunks=(rows, *data.shape[1:]),
@@ -250,6 +250,10 @@ def _small_column(f: h5py.File, name: str, data: np.ndarray) -> None:
         shuffle=True,
         track_times=False,
     )
+    # Its chunks wait in HDF5's chunk cache until flushed: flushed now, so that they take
+    # their place in the file in this order, not whenever Python happens to close the
+    # dataset (the same records must make the same file, wherever they are packed).
+    column.id.flush()
 
 
 def _set_json(attrs: h5py.AttributeManager, name: str, value: Any) -> None:
