@@ -67,6 +67,7 @@ from typing import Any
 
 import h5py
 import lmdb
+import msgpack
 import numpy as np
 import reporting
 import simplejpeg
@@ -204,13 +205,15 @@ def pages_kept_mapped(run: Run) -> dict[str, float]:
 
 
 def lmdb_walk(store: Path, epochs: int) -> dict[str, float]:
-    """Raw LMDB limit: a cursor walk of every shard, each value copied out as bytes."""
+    """Raw LMDB limit: a cursor walk of every shard, each value (a block of records) copied
+    out as bytes."""
     images = 0
     for shard in read_manifest(store).shards * epochs:
         env = lmdb.open(str(store / shard.file), subdir=False, readonly=True, lock=False)
         with env, env.begin() as txn:  # buffers=False: py-lmdb copies each value into bytes
-            # Record keys are digits; __columns__... and __packer__ hold metadata.
-            images += sum(key.isdigit() for key, _value in txn.cursor())
+            for _value in txn.cursor().iternext(keys=False):
+                pass
+        images += shard.num_records
     return {"images": images}
 
 
@@ -271,16 +274,21 @@ def kept_reads(
         if path.suffix == ".lmdb":
             env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
             with env, env.begin(buffers=True) as txn:
-                cursor = txn.cursor()
-                cursor.first()
-                for value in cursor.iternext(keys=False):
-                    if len(value) != row_bytes:  # the column groups and __packer__, at the end
-                        break
-                    window.reshape(-1).data[rows * row_bytes : (rows + 1) * row_bytes] = value
-                    rows += 1
-                    if rows == len(window):
-                        empty(rows)
-                        rows = 0
+                meta = msgpack.unpackb(txn.get(b"__packer__"))
+                starts = [*np.frombuffer(meta["block_starts"], "<u8").tolist(), shard.num_records]
+                flat = window.reshape(-1).data
+                for first, end in zip(starts[:-1], starts[1:]):
+                    value = txn.get(b"%010d" % first)  # a block: its rows first, back to back
+                    at = 0
+                    while at < end - first:
+                        n = min(end - first - at, len(window) - rows)
+                        flat[rows * row_bytes : (rows + n) * row_bytes] = value[
+                            at * row_bytes : (at + n) * row_bytes
+                        ]
+                        rows, at = rows + n, at + n
+                        if rows == len(window):
+                            empty(rows)
+                            rows = 0
         else:
             with h5py.File(path, "r", locking=False, rdcc_nbytes=0) as f:
                 data = f["images"]

@@ -177,3 +177,59 @@ def rewrite_as_legacy_hdf5(shard: Path) -> None:
         f["formats"].attrs["format_names"] = names
         f.create_dataset("paths", data=paths, dtype=h5py.string_dtype("utf-8"), track_times=False)
         f.attrs["packer"] = meta
+
+
+def rewrite_lmdb_record(store: Path, index: int, **changes: object) -> object:
+    """Change fields of record ``index`` of an LMDB store in place (its block written anew,
+    the shard's read-ahead places dropped, as they no longer hold), and fix the manifest's
+    shard size and checksum, so that the record is the only thing wrong with the store.
+    Returns the changed record."""
+    import bisect
+
+    import lmdb
+    import msgpack
+
+    from packer.store.lmdb_blocks import block_starts, record_key
+    from packer.store.manifest import read_manifest, write_manifest
+    from packer.store.record import Record, block_value, parse_block
+
+    manifest = read_manifest(store)
+    starts = manifest.shard_starts()
+    shard = max(s for s, start in enumerate(starts) if start <= index)
+    info = manifest.shards[shard]
+    path = store / info.file
+    env = lmdb.open(str(path), subdir=False, lock=False, max_dbs=0)
+    try:
+        with env.begin(write=True) as txn:
+            meta = msgpack.unpackb(txn.get(b"__packer__"))
+            blocks = block_starts(meta, meta["num_records"]).tolist()
+            local = index - starts[shard]
+            number = bisect.bisect_right(blocks, local) - 1
+            first, end = blocks[number], [*blocks, meta["num_records"]][number + 1]
+            value = txn.get(record_key(first))
+            columns = meta["num_label_columns"]
+            block = parse_block(value, end - first, columns)
+            o = block.offsets.tolist()
+            records = [
+                Record(
+                    value[o[k] : o[k + 1]],
+                    tuple(block.labels[k].tolist()),
+                    block.paths[k],
+                    int(block.crc32[k]),
+                    tuple(block.shapes[k].tolist()),  # type: ignore[arg-type]
+                    block.formats[k],
+                )
+                for k in range(end - first)
+            ]
+            record = records[local - first]
+            for name, new in changes.items():
+                setattr(record, name, new)
+            txn.put(record_key(first), block_value(records, columns, env.stat()["psize"]))
+            meta.pop("value_places", None)
+            txn.put(b"__packer__", msgpack.packb(meta))
+    finally:
+        env.close()
+    data = path.read_bytes()
+    info.bytes, info.checksum = len(data), shard_checksum(data)
+    write_manifest(store, manifest)
+    return record

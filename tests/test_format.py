@@ -7,6 +7,7 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import shard_checksum
 
@@ -19,7 +20,16 @@ from packer.store.manifest import (
     read_manifest,
     write_manifest,
 )
-from packer.store.record import Record, checksum, pack_value, read_source, unpack_value
+from packer.store.record import (
+    BLOCK_BYTES,
+    Record,
+    block_value,
+    checksum,
+    pack_value,
+    parse_block,
+    read_source,
+    unpack_value,
+)
 
 
 def test_record_value_round_trip_with_zero_copy_payload() -> None:
@@ -38,28 +48,38 @@ def test_record_value_round_trip_with_zero_copy_payload() -> None:
     )
 
 
-# msgpack writes a CRC (and a shape's numbers) in 1, 2, 3 or 5 bytes: the header framed in
-# front of the bytes read must start where its length says, whichever the width. A format
-# name too long for the room left in front gives a record pack_value joins instead.
+_LONG_NAME = "".join(hashlib.sha256(bytes([i])).hexdigest() for i in range(6))  # 384, unshrinkable
+
+
+# msgpack writes a CRC (and a shape's numbers) in 1, 2, 3 or 5 bytes, zlib compresses the
+# header by what it holds: the room left after the bytes read must hold it whatever the
+# widths. A format name too long for that room gives a record the writer joins instead.
 @pytest.mark.parametrize("crc", [0, 0x7F, 0xFF, 0xFFFF, 0x10000, 0xFFFFFFFF])
 @pytest.mark.parametrize(
     ("shape", "fmt"),
-    [((40, 64, 3), "JPEG"), ((2**31 - 1, 70_000, 4), "F" * 31), ((1, 1, 1), "F" * 200)],
+    [((40, 64, 3), "JPEG"), ((2**31 - 1, 70_000, 4), "F" * 31), ((1, 1, 1), _LONG_NAME)],
 )
-def test_a_record_read_framed_is_the_value_pack_value_writes(
+def test_a_large_record_read_framed_is_the_block_block_value_writes(
     tmp_path: Path, crc: int, shape: tuple[int, int, int], fmt: str
 ) -> None:
     source = tmp_path / "a.jpg"
-    source.write_bytes(_with_crc(bytes(range(256)) * 40, crc))
+    source.write_bytes(_with_crc(np.random.default_rng(7).bytes(BLOCK_BYTES + 17), crc))
     data = source.read_bytes()
     args = (str(source), len(data), "d/a.jpg", (7, -2))
     framed = read_source(*args, framed=True).record(shape, fmt)
     assert framed.crc32 == crc and bytes(framed.data) == data
-    assert (framed.value is not None) == (len(fmt) < 200)
-    joined = pack_value(Record(data, (7, -2), "d/a.jpg", crc, shape, fmt))
-    assert bytes(pack_value(framed)) == joined
+    assert (framed.value is not None) == (fmt != _LONG_NAME)
+    joined = block_value([Record(data, (7, -2), "d/a.jpg", crc, shape, fmt)], 2)
+    if framed.value is not None:
+        assert bytes(framed.value) == joined
+    index = parse_block(joined, 1, 2)
+    assert (index.paths, index.formats, index.crc32.tolist()) == (["d/a.jpg"], [fmt], [crc])
+    assert index.labels.tolist() == [[7, -2]] and index.shapes.tolist() == [list(shape)]
     plain = read_source(*args, framed=False).record(shape, fmt)
     assert plain.value is None and bytes(plain.data) == data and plain.crc32 == crc
+    small = tmp_path / "small.jpg"  # a record that shares a block: never framed
+    small.write_bytes(data[:1000])
+    assert read_source(str(small), 1000, "s.jpg", (), framed=True).record(shape, fmt).value is None
     # The file changed since the scan: what it holds now is read, one byte past the size
     # expected at most, so that the caller sees the length differ.
     source.write_bytes(data + b"more")
@@ -200,10 +220,10 @@ def test_not_a_store_and_unfinished_store(tmp_path: Path) -> None:
         ("hdf5", {"raw": True, "size": (4, 4)}),
     ],
 )
-def test_new_stores_are_format_4_and_format_1_and_2_stores_still_read_and_verify(
+def test_new_stores_are_format_5_and_format_1_and_2_stores_still_read_and_verify(
     image_dir: Path, tmp_path: Path, backend: str, extra: dict[str, object]
 ) -> None:
-    """Packs, conversions and appends are written as format 4, whose shard checksums are
+    """Packs, conversions and appends are written as format 5, whose shard checksums are
     xxh3-128 and whose manifest has a checksum of its own (an older packer refuses them as
     newer than it reads). A store an older packer wrote, with a sha256 per shard and no
     manifest checksum, still opens, and verify checks that sha256."""
@@ -213,17 +233,17 @@ def test_new_stores_are_format_4_and_format_1_and_2_stores_still_read_and_verify
 
     out = tmp_path / ("out.lmdb" if backend == "lmdb" else "out.h5")
     pack(image_dir, out, PackOptions(backend=backend, workers=1, **extra))  # type: ignore[arg-type]
-    assert read_manifest(out).format_version == FORMAT_VERSION == 4
+    assert read_manifest(out).format_version == FORMAT_VERSION == 5
     other = "hdf5" if backend == "lmdb" else "lmdb"
     converted = convert_store(out, tmp_path / ("c.h5" if other == "hdf5" else "c.lmdb"))
-    assert converted.format_version == 4
+    assert converted.format_version == 5
     more = tmp_path / "more"
     (more / "extra").mkdir(parents=True)
     (more / "extra" / "one.png").write_bytes((next(image_dir.rglob("*.png"))).read_bytes())
     options = PackOptions(backend=backend, workers=1, append=True, **extra)  # type: ignore[arg-type]
     pack(more, out, options)
     grown = read_manifest(out)
-    assert grown.format_version == 4 and len(grown.shards) == 2
+    assert grown.format_version == 5 and len(grown.shards) == 2
     for shard in grown.shards:
         assert shard.checksum == shard_checksum((out / shard.file).read_bytes())
 

@@ -15,8 +15,10 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ import pytest
 import tables
 from click.testing import CliRunner
 from conftest import rewrite_manifest, shard_checksum, write_image
+from format4 import as_format4
 
 import packer
 from packer import PackOptions, open_reader, open_store, pack
@@ -197,6 +200,8 @@ BASES: dict[str, tuple[str, dict[str, Any]]] = {
     "rawvar-lmdb": ("lmdb", {"raw": True}),  # raw pixels, each record its own shape
     "rawvar-hdf5": ("hdf5", {"raw": True}),
 }
+# The same LMDB stores as format 4 wrote them (tests/format4.py): one value a record.
+OLD_BASES = {"old-lmdb": "lmdb", "old-raw-lmdb": "raw-lmdb", "old-rawvar-lmdb": "rawvar-lmdb"}
 SHARD = {"lmdb": "shard-00000.lmdb", "hdf5": "shard-00000.h5"}
 _SUMMARY, _HEAD, _VERIFY = (), ("--head", "100"), ("--verify",)
 
@@ -294,6 +299,42 @@ def _columns(**changes: Any) -> Callable[[bytes], bytes]:
         for key, new in changes.items():
             group[key] = new(group[key]) if callable(new) else new
         return msgpack.packb(group)
+
+    return change
+
+
+def _with_header(value: bytes, header: bytes) -> bytes:
+    """A block value with its header (zlib-compressed msgpack) replaced by ``header``."""
+    (length,) = struct.unpack_from("<I", value, len(value) - 4)
+    return value[: len(value) - 4 - length] + header + struct.pack("<I", len(header))
+
+
+def _zeros_deflated(megabytes: int) -> bytes:
+    deflate = zlib.compressobj(9)
+    parts = [deflate.compress(bytes(1 << 20)) for _ in range(megabytes)]
+    return b"".join(parts) + deflate.flush()
+
+
+def _header(**changes: Callable[[Any], Any]) -> Callable[[bytes], bytes]:
+    """A block value whose header has fields changed by functions of their old values."""
+
+    def change(value: bytes) -> bytes:
+        (length,) = struct.unpack_from("<I", value, len(value) - 4)
+        header = msgpack.unpackb(zlib.decompress(value[len(value) - 4 - length : -4]))
+        for key, new in changes.items():
+            header[key] = new(header[key])
+        return _with_header(value, zlib.compress(msgpack.packb(header)))
+
+    return change
+
+
+def _shorten_record(index: int, by: int) -> Callable[[bytes], bytes]:
+    """Block offsets (u32 bytes) with record ``index`` ending ``by`` bytes early."""
+
+    def change(offsets: bytes) -> bytes:
+        values = np.frombuffer(offsets, "<u4").copy()
+        values[index + 1] -= by
+        return values.tobytes()
 
     return change
 
@@ -410,66 +451,140 @@ CASES: dict[str, Case] = {
     "skipped-ints": Case("lmdb", _set("skipped", value=[1, 2]), ["skipped[0]"]),
     "max-pixels-string": Case("lmdb", _set("options", "max_pixels", value="lots"), ["max_pixels"]),
     # hostile LMDB values: the msgpack meta, the length prefix, the shard's own meta
-    "meta-path-int": Case("lmdb", _lmdb_value(3, _meta(p=5)), [_R + " 3", "'p'"], (_HEAD, _VERIFY)),
-    "meta-labels-text": Case("lmdb", _lmdb_value(3, _meta(l="abc")), [_R + " 3"], (_HEAD, _VERIFY)),
-    "meta-label-2**64": Case(
-        "lmdb", _lmdb_value(3, _meta(l=[2**64 - 1])), [_R + " 3"], (_HEAD, _VERIFY)
+    "meta-path-int": Case(
+        "old-lmdb", _lmdb_value(3, _meta(p=5)), [_R + " 3", "'p'"], (_HEAD, _VERIFY)
     ),
-    "meta-crc-text": Case("lmdb", _lmdb_value(3, _meta(c="x")), [_R + " 3"], (_HEAD, _VERIFY)),
-    "meta-shape-pair": Case("lmdb", _lmdb_value(3, _meta(s=[1, 2])), [_R + " 3"], (_HEAD, _VERIFY)),
-    "meta-format-none": Case("lmdb", _lmdb_value(3, _meta(f=None)), [_R + " 3"], (_HEAD, _VERIFY)),
-    "meta-a-list": Case("lmdb", _lmdb_value(3, _meta_is([1, 2, 3])), [_R + " 3"], (_HEAD, _VERIFY)),
+    "meta-labels-text": Case(
+        "old-lmdb", _lmdb_value(3, _meta(l="abc")), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
+    "meta-label-2**64": Case(
+        "old-lmdb", _lmdb_value(3, _meta(l=[2**64 - 1])), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
+    "meta-crc-text": Case("old-lmdb", _lmdb_value(3, _meta(c="x")), [_R + " 3"], (_HEAD, _VERIFY)),
+    "meta-shape-pair": Case(
+        "old-lmdb", _lmdb_value(3, _meta(s=[1, 2])), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
+    "meta-format-none": Case(
+        "old-lmdb", _lmdb_value(3, _meta(f=None)), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
+    "meta-a-list": Case(
+        "old-lmdb", _lmdb_value(3, _meta_is([1, 2, 3])), [_R + " 3"], (_HEAD, _VERIFY)
+    ),
     "meta-shape-terapixels": Case(  # raw pixels: a naive np.empty(shape) would take 3 TB
-        "rawvar-lmdb",
+        "old-rawvar-lmdb",
         _lmdb_value(3, _meta(s=[2**20, 2**20, 3])),
         [_R + " 3", "1048576"],
         (_VERIFY,),  # --head lists records without decoding them: nothing to refuse
     ),
     "length-past-value": Case(
-        "lmdb",
+        "old-lmdb",
         _lmdb_value(3, lambda v: (len(v) + 100).to_bytes(4, "little") + v[4:]),
         [_R + " 3", "meta length"],
         (_HEAD, _VERIFY),
     ),
     "length-garbage": Case(
-        "lmdb",
+        "old-lmdb",
         _lmdb_value(3, lambda v: b"\x30\0\0\0" + b"\xc1" * 60),
         [_R + " 3"],
         (_HEAD, _VERIFY),
     ),
-    # raw pixels of one shape in LMDB: values hold pixels alone, the rest is in column groups
+    # LMDB blocks (format 5): 12 records a shard, one block
+    "block-garbage": Case(
+        "lmdb",
+        _lmdb_value(0, lambda v: b"\xc1" * 100),
+        [_R + "s 0..11", "header"],
+        (_HEAD, _VERIFY),
+    ),
+    "block-length-past-value": Case(
+        "lmdb",
+        _lmdb_value(0, lambda v: v[:-4] + (len(v) + 100).to_bytes(4, "little")),
+        [_R + "s 0..11", "header length"],
+        (_HEAD, _VERIFY),
+    ),
+    "block-missing": Case(
+        "lmdb", _lmdb_value(0, lambda v: None), [_R + "s 0..11 are missing"], (_HEAD, _VERIFY)
+    ),
+    "block-header-bomb": Case(  # 128 KB that would inflate to 128 MB
+        "lmdb",
+        _lmdb_value(0, lambda v: _with_header(v, _zeros_deflated(128))),
+        [_R + "s 0..11", "damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "block-paths-fewer": Case(
+        "lmdb",
+        _lmdb_value(0, _header(paths=lambda p: p.rsplit("\0", 1)[0])),
+        [_R + "s 0..11", "damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "block-a-million-formats": Case(
+        "lmdb",
+        _lmdb_value(0, _header(formats=lambda f: ["JPEG"] * 10**6)),
+        [_R + "s 0..11", "damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "block-offsets-past-value": Case(
+        "lmdb",
+        _lmdb_value(0, _header(offsets=lambda o: o[:-4] + (1 << 31).to_bytes(4, "little"))),
+        [_R + "s 0..11", "damaged"],
+        (_HEAD, _VERIFY),
+    ),
+    "block-starts-garbage": Case(
+        "lmdb",
+        _lmdb_value(-1, lambda v: msgpack.packb({**msgpack.unpackb(v), "block_starts": b"\1"})),
+        [f"{_S0}.lmdb", "block_starts"],
+        (_HEAD, _VERIFY),
+    ),
+    "block-starts-past-records": Case(
+        "lmdb",
+        _lmdb_value(
+            -1,
+            lambda v: msgpack.packb(
+                {**msgpack.unpackb(v), "block_starts": np.array([0, 99], "<u8").tobytes()}
+            ),
+        ),
+        [f"{_S0}.lmdb", "block_starts"],
+        (_HEAD, _VERIFY),
+    ),
+    "raw-block-row-short": Case(  # records 3 and 4 are the wrong size: either is named
+        "raw-lmdb",
+        _lmdb_value(0, _header(offsets=_shorten_record(3, 10))),
+        ["needs 192"],
+        (_VERIFY,),
+    ),
+    # raw pixels of one shape in format 4's LMDB layout: values hold pixels alone, the rest is
+    # in column groups
     "payload-short-of-shape": Case(
-        "raw-lmdb", _lmdb_value(3, lambda v: v[:-10]), [_R + " 3", "182"], (_VERIFY,)
+        "old-raw-lmdb", _lmdb_value(3, lambda v: v[:-10]), [_R + " 3", "182"], (_VERIFY,)
     ),
     "raw-record-missing": Case(
-        "raw-lmdb", _lmdb_value(3, lambda v: None), [_R + " 3 is missing"], (_VERIFY,)
+        "old-raw-lmdb", _lmdb_value(3, lambda v: None), [_R + " 3 is missing"], (_VERIFY,)
     ),
     "columns-missing": Case(
-        "raw-lmdb",
+        "old-raw-lmdb",
         _lmdb_key(columns_key(0), lambda v: None),
         ["records 0..11 are missing"],
         (_HEAD, _VERIFY),
     ),
     "columns-garbage": Case(
-        "raw-lmdb",
+        "old-raw-lmdb",
         _lmdb_key(columns_key(0), lambda v: b"\xc1\xc1"),
         ["records 0..11", "damaged"],
         (_HEAD, _VERIFY),
     ),
     "columns-labels-short": Case(
-        "raw-lmdb",
+        "old-raw-lmdb",
         _lmdb_key(columns_key(0), _columns(l=lambda b: b[:-8])),
         ["0..11", "damaged"],
         (_HEAD, _VERIFY),
     ),
     "columns-path-int": Case(
-        "raw-lmdb",
+        "old-raw-lmdb",
         _lmdb_key(columns_key(0), _columns(p=lambda p: [7, *p[1:]])),
         ["damaged"],
         (_HEAD, _VERIFY),
     ),
     "columns-a-billion-paths": Case(
-        "raw-lmdb",
+        "old-raw-lmdb",
         _lmdb_key(columns_key(0), lambda v: msgpack.packb({"l": b"", "c": b"", "p": [""] * 10**6})),
         ["records 0..11", "damaged"],
         (_HEAD, _VERIFY),
@@ -663,6 +778,9 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
         bases[name] = tmp / "bases" / (name + (".lmdb" if backend == "lmdb" else ".h5"))
         options = PackOptions(backend=backend, seed=1, workers=2, shards=2, **extra)
         pack(root, bases[name], options)
+    for name, new in OLD_BASES.items():
+        bases[name] = Path(shutil.copytree(bases[new], tmp / "old" / bases[new].name))
+        as_format4(bases[name])
     lines = []
     for name, case in CASES.items():
         store = _make_case(bases[case.base], tmp / "cases" / name, case)

@@ -22,10 +22,10 @@ from packer.reading.epoch import chunk_spans
 from packer.reading.readahead import ReadAhead
 from packer.store.base import Fetched
 from packer.store.lmdb_store import META_KEY, PLACES
-from packer.store.record import unpack_value
+from packer.store.record import parse_block
 
-BIG = (80, 64)  # noise JPEGs and PNGs of 4-16 KB: LMDB keeps each value on pages of its own
-SMALL = (6, 5)  # ~200 B: LMDB keeps values inside its tree's pages
+BIG = (80, 64)  # noise JPEGs and PNGs of 4-16 KB: a few dozen a block
+SMALL = (6, 5)  # ~200 B: one block a shard, padded to pages of its own
 
 
 def _folder(root: Path, size: tuple[int, int], count: int = 90) -> Path:
@@ -100,10 +100,10 @@ def test_an_epoch_read_ahead_is_the_epoch_read_without(
 def test_every_span_is_fetched_where_its_bytes_can_be_told(
     stores: dict[str, Path], name: str
 ) -> None:
-    """Stores whose payloads' places are known are read ahead whole, and the shard readers
-    take the payloads from those bytes; compressed HDF5 chunks are read ahead whole, for
-    HDF5 to inflate from the page cache. Values inside LMDB's tree pages (they move) are
-    left to the reads proper, which the epoch test shows still right."""
+    """Stores whose payloads' places are known (every LMDB block, however small its records,
+    every uncompressed HDF5 chunk) are read ahead whole, and the shard readers take the
+    payloads from those bytes; compressed HDF5 chunks are read ahead whole, for HDF5 to
+    inflate from the page cache."""
     store = stores[name]
     with open_store(store) as s:
         spans = chunk_spans([info.num_records for info in s.manifest.shards], 9)
@@ -112,9 +112,6 @@ def test_every_span_is_fetched_where_its_bytes_can_be_told(
             fetched = [ahead.take(i) for i in range(len(spans))]
         finally:
             ahead.close()
-        if name == "lmdb-small":
-            assert all(f is None for f in fetched)
-            return
         assert all(f is not None for f in fetched)
         for span, got in zip(spans, fetched):
             shard = s.shard(span.shard)
@@ -141,7 +138,8 @@ def test_payloads_are_taken_from_the_fetched_bytes(stores: dict[str, Path], name
         plain = [bytes(d) for d in shard.read_block(span.start, span.stop).data]
         offset, data = got.ranges[0]
         changed = bytearray(data)
-        at = len(changed) // 2
+        at = changed.find(plain[4]) + len(plain[4]) // 2  # inside the span's fifth payload
+        assert at > len(plain[4]) // 2
         changed[at] ^= 0xFF
         taken = shard.read_block(
             span.start, span.stop, None, Fetched([(offset, memoryview(changed))])
@@ -150,26 +148,27 @@ def test_payloads_are_taken_from_the_fetched_bytes(stores: dict[str, Path], name
         assert len(differ) == 1, differ
 
 
-def test_lmdb_value_places_are_where_the_values_are(stores: dict[str, Path]) -> None:
+@pytest.mark.parametrize("name", ["lmdb", "lmdb-small"])
+def test_lmdb_value_places_are_where_the_blocks_are(stores: dict[str, Path], name: str) -> None:
     """The places a pack records are checked against the file's own bytes: each (offset,
-    length) holds the LMDB value that a cursor returns for that record."""
-    shard = next(stores["lmdb"].glob("shard-*.lmdb"))
+    length) holds the LMDB value that a cursor returns for that block, small ones too."""
+    shard = next(stores[name].glob("shard-*.lmdb"))
     data = shard.read_bytes()
     env = lmdb.open(str(shard), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:
-        meta = msgpack.unpackb(txn.get(META_KEY))
-        places = np.frombuffer(meta[PLACES], "<u8").reshape(-1, 2)
-        assert len(places) == meta["num_records"] > 0
-        for index, (offset, length) in enumerate(places.tolist()):
-            value = txn.get(b"%010d" % index)
-            assert data[offset : offset + length] == value
-            assert unpack_value(value).path  # a real record, not just equal bytes
-    env.close()
-    small = next(stores["lmdb-small"].glob("shard-*.lmdb"))
-    env = lmdb.open(str(small), subdir=False, readonly=True, lock=False)
-    with env.begin() as txn:  # values inside tree pages move: no places recorded
-        assert PLACES not in msgpack.unpackb(txn.get(META_KEY))
-    env.close()
+    try:
+        with env.begin() as txn:
+            meta = msgpack.unpackb(txn.get(META_KEY))
+            places = np.frombuffer(meta[PLACES], "<u8").reshape(-1, 2)
+            starts = np.frombuffer(meta["block_starts"], "<u8").tolist()
+            assert len(places) == len(starts) > 0
+            ends = [*starts[1:], meta["num_records"]]
+            for (offset, length), first, end in zip(places.tolist(), starts, ends):
+                value = txn.get(b"%010d" % first)
+                assert data[offset : offset + length] == value
+                labels = meta["num_label_columns"]
+                assert len(parse_block(value, end - first, labels).paths) == end - first
+    finally:
+        env.close()
 
 
 def test_a_store_larger_than_memory_is_dropped_from_the_cache_as_it_is_read(

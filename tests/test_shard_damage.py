@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import rewrite_as_legacy_hdf5, write_image
+from conftest import rewrite_as_legacy_hdf5, shard_checksum, write_image
 
 from packer import PackOptions, pack
 from packer.store.hdf5_store import checksummed_metadata
@@ -94,11 +94,12 @@ def test_zeroed_offsets_and_checksums_are_not_an_empty_record(photos: Path, tmp_
     store = tmp_path / "s.h5"
     pack(photos, store, PackOptions(backend="hdf5", seed=1, shards=1, workers=1))
     shard = store / "shard-00000.h5"
-    with h5py.File(shard, "r") as f:
-        columns = [(f[n].id.get_offset(), f[n].id.get_storage_size()) for n in ("offsets", "crc32")]
-    with open(shard, "r+b") as f:
-        for offset, size in columns:
-            f.seek(offset)
-            f.write(bytes(size))
+    with h5py.File(shard, "r+") as f:  # the columns are deflated: zeroed through HDF5
+        for name in ("offsets", "crc32"):
+            f[name][...] = 0
+    manifest = read_manifest(store)
+    data = shard.read_bytes()
+    manifest.shards[0].bytes, manifest.shards[0].checksum = len(data), shard_checksum(data)
+    write_manifest(store, manifest)
     with open_store(store) as opened, pytest.raises(CorruptRecordError, match="empty payload"):
         list(opened.indexed_records())

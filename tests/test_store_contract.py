@@ -14,8 +14,8 @@ import tables
 
 from packer.store import ShardMeta, hdf5_store, open_shard_reader, open_shard_writer, shard_name
 from packer.store.hdf5_store import PATH_SPAN, SPAN, _Spans
-from packer.store.lmdb_store import GROUP, LmdbShardWriter
-from packer.store.record import Record, checksum, unpack_value
+from packer.store.lmdb_store import LmdbShardWriter
+from packer.store.record import BLOCK_BYTES, Record, checksum, parse_block
 
 
 def _records(n: int, seed: int = 0, shape: tuple[int, int, int] | None = None) -> list[Record]:
@@ -91,18 +91,21 @@ def test_hdf5_raw_fixed_shape_is_one_array(tmp_path: Path) -> None:
         assert f["images"].compression == "gzip"
 
 
-@pytest.mark.parametrize("n", [0, 1, GROUP + 5, PATH_SPAN + 5, SPAN + 5])
+_PER_BLOCK = BLOCK_BYTES // 18  # raw 2x3x3 records in one LMDB block
+
+
+@pytest.mark.parametrize("n", [0, 1, _PER_BLOCK + 5, PATH_SPAN + 5, SPAN + 5])
 def test_raw_pixels_of_one_shape_read_back_in_any_block(
     tmp_path: Path, backend: str, n: int
 ) -> None:
-    """LMDB keeps them in the "columns" layout, HDF5 readers read small columns and paths
-    in spans: blocks across a group's or a span's end included."""
+    """LMDB keeps them in blocks, HDF5 readers read small columns and paths in spans: reads
+    across a block's or a span's end included."""
     path = tmp_path / shard_name(backend, 0)
     records = _records(n, shape=(2, 3, 3))
     _write(backend, path, records, ShardMeta(0, 2, raw_shape=[2, 3, 3]))
     reader = open_shard_reader(backend, path)
-    ends = [(min(n, end - 3), min(n, end + 2)) for end in (GROUP, PATH_SPAN, SPAN)]
-    after = [(min(n, end), n) for end in (GROUP, PATH_SPAN, SPAN)]  # after the first
+    ends = [(min(n, end - 3), min(n, end + 2)) for end in (_PER_BLOCK, PATH_SPAN, SPAN)]
+    after = [(min(n, end), n) for end in (_PER_BLOCK, PATH_SPAN, SPAN)]  # after the first
     for start, stop in [(0, n), (n // 2, n), *ends, *after, (n, n)]:
         out = np.empty((stop - start, 2, 3, 3), np.uint8)
         block = reader.read_block(start, stop, out=out)
@@ -145,18 +148,21 @@ def test_a_raw_record_of_another_size_is_refused_by_name(tmp_path: Path, backend
     writer.abort()
 
 
-def test_lmdb_raw_pixels_of_one_shape_are_plain_values(tmp_path: Path) -> None:
+def test_lmdb_raw_pixels_of_one_shape_lie_back_to_back_in_a_block(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.lmdb"
     records = _records(20, shape=(2, 3, 3))
     _write("lmdb", path, records, ShardMeta(0, 2, raw_shape=[2, 3, 3]))
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
-        assert txn.get(b"0000000007") == records[7].data  # the pixels, nothing else
-        columns = msgpack.unpackb(txn.get(b"__columns__0000000000"))
-        assert columns["p"] == [r.path for r in records]
-        assert np.frombuffer(columns["c"], "<u4").tolist() == [r.crc32 for r in records]
+        assert [k for k, _ in txn.cursor()] == [b"0000000000", b"__packer__"]  # one block
+        value = txn.get(b"0000000000")
+        assert value[: 20 * 18] == b"".join(r.data for r in records)  # the pixels, in order
+        index = parse_block(value, 20, 2)
+        assert index.paths == [r.path for r in records]
+        assert index.crc32.tolist() == [r.crc32 for r in records]
         meta = msgpack.unpackb(txn.get(b"__packer__"))
-        assert (meta["layout"], meta["group"], meta["raw_shape"]) == ("columns", GROUP, [2, 3, 3])
+        assert (meta["layout"], meta["raw_shape"]) == ("blocks", [2, 3, 3])
+        assert np.frombuffer(meta["block_starts"], "<u8").tolist() == [0]
     env.close()
     writer = LmdbShardWriter(tmp_path / "other.lmdb", ShardMeta(0, 2, raw_shape=[2, 3, 3]))
     with pytest.raises(ValueError, match="needs 18"):
@@ -164,18 +170,57 @@ def test_lmdb_raw_pixels_of_one_shape_are_plain_values(tmp_path: Path) -> None:
     writer.abort()
 
 
-@pytest.mark.parametrize("gone", [0, 7, 19])
-def test_lmdb_columns_name_a_missing_record_wherever_it_is(tmp_path: Path, gone: int) -> None:
-    """The last record too, where the walk runs on into the column groups' values."""
+def _sized(sizes: list[int]) -> list[Record]:
+    """Records of these payload sizes (bytes of one seeded pattern)."""
+    rng = np.random.default_rng(5)
+    out = []
+    for i, size in enumerate(sizes):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        out.append(Record(data, (i, -i), f"d/{i}.png", checksum(data), (1, 1, 3), "PNG"))
+    return out
+
+
+# Small records share blocks up to BLOCK_BYTES; a record that size or larger has a block of
+# its own (and closes the block being filled); a block short of half a page is padded.
+_MIXED = [100, BLOCK_BYTES // 2, BLOCK_BYTES // 2, 10, BLOCK_BYTES + 5, 7, 3 * BLOCK_BYTES, 1, 2]
+
+
+def test_lmdb_blocks_hold_small_records_together_and_large_ones_alone(tmp_path: Path) -> None:
     path = tmp_path / "shard-00000.lmdb"
-    _write("lmdb", path, _records(20, shape=(2, 3, 3)), ShardMeta(0, 2, raw_shape=[2, 3, 3]))
+    records = _sized(_MIXED)
+    _write("lmdb", path, records, ShardMeta(0, 2))
+    reader = open_shard_reader("lmdb", path)
+    starts = np.frombuffer(reader.meta["block_starts"], "<u8").tolist()
+    assert starts == [0, 2, 4, 5, 6, 7]
+    # Every block has a place in the file (read-ahead finds it without touching the map).
+    assert len(np.frombuffer(reader.meta["value_places"], "<u8")) == 2 * len(starts)
+    for start in range(len(records)):  # every range, across every block boundary
+        for stop in range(start, len(records) + 1):
+            block = reader.read_block(start, stop)
+            assert [bytes(d) for d in block.data] == [bytes(r.data) for r in records[start:stop]]
+            assert block.paths == [r.path for r in records[start:stop]]
+            assert block.labels.tolist() == [list(r.labels) for r in records[start:stop]]
+    assert all(_same(reader.read_record(i), r) for i, r in enumerate(records))
+    assert reader.read_labels().tolist() == [list(r.labels) for r in records]
+    reader.close()
+    payload = sum(_MIXED)
+    assert path.stat().st_size < payload * 1.01 + 64 * 1024  # pages, not a page a record
+
+
+@pytest.mark.parametrize("gone", [0, 2, 5])
+def test_lmdb_blocks_name_the_records_of_a_missing_block(tmp_path: Path, gone: int) -> None:
+    path = tmp_path / "shard-00000.lmdb"
+    _write("lmdb", path, _sized(_MIXED), ShardMeta(0, 2))
     env = lmdb.open(str(path), subdir=False, lock=False)
     with env.begin(write=True) as txn:
         assert txn.delete(b"%010d" % gone)
     env.close()
     reader = open_shard_reader("lmdb", path)
-    with pytest.raises(ValueError, match=f"record {gone} is missing"):
-        reader.read_block(0, 20)
+    last = {0: 1, 2: 3, 5: 5}[gone]
+    with pytest.raises(ValueError, match=f"records {gone}..{last} are missing"):
+        reader.read_block(0, len(_MIXED))
+    with pytest.raises(ValueError, match=f"records {gone}..{last} are missing"):
+        reader.read_record(last)
     reader.close()
 
 
@@ -202,9 +247,12 @@ def test_lmdb_shard_opens_with_plain_lmdb(tmp_path: Path) -> None:
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
         keys = [k for k, _ in txn.cursor()]
-        assert keys[:2] == [b"0000000000", b"0000000001"] and keys[-1] == b"__packer__"
+        assert keys == [b"0000000000", b"__packer__"]  # 20 small records: one block
         assert msgpack.unpackb(txn.get(b"__packer__"))["index"] == 3
-        assert _same(unpack_value(txn.get(b"0000000007")), records[7])
+        value = txn.get(b"0000000000")
+        index = parse_block(value, 20, 2)
+        payload = value[index.offsets[7] : index.offsets[8]]
+        assert (payload, index.paths[7]) == (records[7].data, records[7].path)
     env.close()
 
 

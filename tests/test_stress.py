@@ -18,14 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-import lmdb
 import pytest
-from conftest import pack_three_ways, rewrite_manifest, write_image
+from conftest import pack_three_ways, rewrite_lmdb_record, rewrite_manifest, write_image
 
 from packer import open_reader, open_store
 from packer.errors import CorruptRecordError, StoreError
-from packer.store.lmdb_store import record_key
-from packer.store.record import Record, pack_value, unpack_value
+from packer.store.record import Record
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "stress_reader.py"
@@ -196,25 +194,15 @@ def test_flipped_payloads_are_named_or_skipped_and_reported(
 def test_a_record_whose_payload_was_cut_short_is_named_or_skipped(
     packed: dict[str, Path], tmp_path: Path
 ) -> None:
-    """An LMDB value whose payload lost its second half (its meta intact): the CRC names it."""
+    """An LMDB record whose payload lost its second half (its labels and path intact): the
+    CRC names it."""
     store = _copy(packed["lmdb"], tmp_path)
-    env = lmdb.open(str(store / "shard-00001.lmdb"), subdir=False, lock=False, map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        record = unpack_value(txn.get(record_key(2)))
-        short = Record(
-            bytes(record.data)[: len(record.data) // 2],
-            record.labels,
-            record.path,
-            record.crc32,
-            record.shape,
-            record.format,
-        )
-        txn.put(record_key(2), pack_value(short))
-    env.close()
     manifest = json.loads((store / "manifest.json").read_text())
-    manifest["shards"][1]["bytes"] = (store / "shard-00001.lmdb").stat().st_size
-    rewrite_manifest(store, manifest)
     index = manifest["shards"][0]["num_records"] + 2
+    with open_store(store) as opened:
+        data = bytes(opened.record(index).data)
+    record = rewrite_lmdb_record(store, index, data=data[: len(data) // 2])
+    assert isinstance(record, Record)
     with open_reader(store, batch_size=8) as reader, pytest.raises(CorruptRecordError) as info:
         list(reader)
     assert (info.value.index, info.value.path) == (index, record.path)

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import h5py
-import lmdb
 import numpy as np
 import pytest
-from conftest import image_bytes, shard_checksum, store_path, write_image
+from conftest import image_bytes, rewrite_lmdb_record, shard_checksum, store_path, write_image
 from PIL import Image
 
 from packer import PackOptions, open_reader, pack, read_manifest
@@ -26,9 +25,8 @@ from packer.errors import (
 from packer.inspect.convert import convert_store
 from packer.inspect.unpack import unpack_store
 from packer.store.access import open_store
-from packer.store.lmdb_store import record_key
 from packer.store.manifest import write_manifest
-from packer.store.record import Record, pack_value, unpack_value
+from packer.store.record import Record
 
 
 def _options(backend: str = "lmdb", **kwargs: object) -> PackOptions:
@@ -52,29 +50,8 @@ def _fields(store: Path) -> list[tuple[Any, ...]]:
 
 
 def _rewrite_lmdb_record(store: Path, index: int, **changes: Any) -> Record:
-    """Change fields of record ``index`` of an LMDB store in place, and fix the manifest's
-    shard size and checksum, so that the record is the only thing wrong with the store."""
-    manifest = read_manifest(store)
-    starts = manifest.shard_starts()
-    shard = max(s for s, start in enumerate(starts) if start <= index)
-    info = manifest.shards[shard]
-    path = store / info.file
-    env = lmdb.open(str(path), subdir=False, lock=False, max_dbs=0)
-    try:
-        with env.begin(write=True) as txn:
-            key = record_key(index - starts[shard])
-            value = txn.get(key)
-            assert value is not None
-            record = unpack_value(value)
-            record.data = bytes(record.data)
-            for name, value in changes.items():
-                setattr(record, name, value)
-            txn.put(key, pack_value(record))
-    finally:
-        env.close()
-    data = path.read_bytes()
-    info.bytes, info.checksum = len(data), shard_checksum(data)
-    write_manifest(store, manifest)
+    record = rewrite_lmdb_record(store, index, **changes)
+    assert isinstance(record, Record)
     return record
 
 

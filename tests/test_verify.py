@@ -13,14 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
+import msgpack
 import numpy as np
 import pytest
 from conftest import encoded, packer_command, shard_checksum, store_path, write_image
+from format4 import as_format4
 from PIL import Image
 
 from packer import PackOptions, open_store, pack
 from packer.errors import ManifestError
-from packer.store import ShardMeta, open_shard_reader, open_shard_writer
+from packer.store import ShardMeta, lmdb_store, open_shard_reader, open_shard_writer
 from packer.store.lmdb_store import record_key
 from packer.store.manifest import ShardInfo, read_manifest, write_manifest
 from packer.store.record import Record, checksum
@@ -327,10 +329,40 @@ def test_problems_past_max_problems_are_counted_not_listed(
         verify_store(store, max_problems=0)
 
 
-def test_an_unreadable_lmdb_value_is_named_and_its_neighbours_still_checked(
+def test_an_unreadable_lmdb_block_names_its_records_and_the_next_blocks_are_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "images"
+    for i in range(12):
+        write_image(root / "c" / f"{i:02d}.png", size=(40, 30), seed=i)  # ~3.6 KB each
+    monkeypatch.setattr(lmdb_store, "BLOCK_BYTES", 8 << 10)  # two records a block
+    store = tmp_path / "s.lmdb"
+    pack(root, store, PackOptions(seed=1, workers=1))
+    file = store / "shard-00000.lmdb"
+    env = lmdb.open(str(file), subdir=False, lock=False, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        starts = np.frombuffer(msgpack.unpackb(txn.get(b"__packer__"))["block_starts"], "<u8")
+        assert starts.tolist() == list(range(0, 12, 2))
+        value = bytearray(txn.get(record_key(4)))  # the block of records 4 and 5
+        value[-5] ^= 0xFF  # the header's last byte: zlib's check fails
+        txn.put(record_key(4), bytes(value))
+    env.close()
+    _reseal(store, 0)
+    report = verify_store(store)
+    assert [(p.index, p.path) for p in report.problems[:2]] == [(4, None), (5, None)]
+    assert "cannot be read: ValueError" in report.problems[0].reason
+    assert "records 4..5: block header is damaged" in report.problems[0].reason
+    assert report.records_checked == 10
+    assert report.problems[2:] == [
+        Problem("", None, None, "10 of the manifest's 12 records were checked")
+    ]
+
+
+def test_an_unreadable_lmdb_value_of_format_4_is_named_and_its_neighbours_still_checked(
     stores: Callable[[str, str], Path], tmp_path: Path
 ) -> None:
     store = _copy(stores("lmdb", "original"), tmp_path)
+    as_format4(store)
     file = store / "shard-00000.lmdb"
     env = lmdb.open(str(file), subdir=False, lock=False, map_size=1 << 26)
     with env.begin(write=True) as txn:  # a meta length far past the value's end
@@ -451,6 +483,8 @@ def test_a_crashing_bit_flip_is_reported_not_fatal(
     stores: Callable[[str, str], Path], backend: str, tmp_path: Path
 ) -> None:
     store = _copy(stores(backend, "original"), tmp_path)
+    if backend == "lmdb":
+        as_format4(store)  # a tree two levels deep: one value a record
     shard = store / read_manifest(store).shards[0].file
     _flip(shard, _crashing_flip(shard, backend), 1)
     done = subprocess.run(

@@ -9,9 +9,11 @@ its pool of decode threads (CRC-32, libjpeg-turbo and Pillow release the GIL for
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -112,10 +114,10 @@ def read_window(
     return Window(
         data=data,
         labels=np.concatenate([b.labels for b in blocks]) if blocks else np.zeros((0, 0), np.int64),
-        paths=[p for b in blocks for p in b.paths],
+        paths=_joined(b.paths for b in blocks),
         crc32=crc32,
         shapes=np.concatenate([b.shapes for b in blocks]) if blocks else np.zeros((0, 3), np.int32),
-        formats=[f for b in blocks for f in b.formats],
+        formats=_joined(b.formats for b in blocks),
         shards=np.concatenate([np.full(len(s), s.shard) for s in spans])
         if spans
         else np.zeros(0, int),
@@ -140,14 +142,14 @@ def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> 
         # a temporary buffer when given ``out``.
         data = np.take(window.data, order, axis=0, out=out, mode="clip")
     else:
-        data = [window.data[i] for i in order]
+        data = _picked(window.data, order)
     return Window(
         data=data,
         labels=window.labels[order],
-        paths=[window.paths[i] for i in order],
+        paths=_picked(window.paths, order),
         crc32=window.crc32[order],
         shapes=window.shapes[order],
-        formats=[window.formats[i] for i in order],
+        formats=_picked(window.formats, order),
         shards=window.shards[order],
         indices=window.indices[order],
         intact=None if window.intact is None else window.intact[order],
@@ -167,16 +169,29 @@ def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:
     return Window(
         data=data if data is not None else [d for p in parts for d in p.data],
         labels=np.concatenate([p.labels for p in parts]),
-        paths=[x for p in parts for x in p.paths],
+        paths=_joined(p.paths for p in parts),
         crc32=np.concatenate([p.crc32 for p in parts]),
         shapes=np.concatenate([p.shapes for p in parts]),
-        formats=[x for p in parts for x in p.formats],
+        formats=_joined(p.formats for p in parts),
         shards=np.concatenate([p.shards for p in parts]),
         indices=np.concatenate([p.indices for p in parts]),
         intact=None
         if any(p.intact is None for p in parts)
         else np.concatenate([p.intact for p in parts]),
     )
+
+
+def _picked(items: list[Any], order: np.ndarray) -> list[Any]:
+    """``[items[i] for i in order]``, the loop in C: a list per column per batch, where
+    the Python loop cost raw batches more than their pixels' copy."""
+    if len(order) < 2:
+        return [items[int(i)] for i in order]
+    return list(operator.itemgetter(*order.tolist())(items))
+
+
+def _joined(lists: Iterable[list[Any]]) -> list[Any]:
+    """The lists one after another, as one list (the loop in C)."""
+    return list(itertools.chain.from_iterable(lists))
 
 
 def split_window(window: Window, parts: int) -> list[Window]:

@@ -1,16 +1,19 @@
-"""LMDB shards: one environment per file (``subdir=False``), one record per key.
+"""LMDB shards: one environment per file (``subdir=False``).
 
-Keys are the record's index in the shard as 10 zero-padded digits, so cursor order is
-packed order and one cursor walk reads a range. The key ``__packer__`` (sorting after every
-digit key) holds the shard's own metadata. Two value layouts:
+Keys are record indices in the shard as 10 zero-padded digits, so cursor order is packed
+order and one cursor walk reads a range. The key ``__packer__`` (sorting after every digit
+key) holds the shard's own metadata. Three value layouts; packer writes the first:
 
-- "records" (encoded images, raw pixels of many shapes): each value is a whole record,
-  laid out by ``packer.store.record``.
-- "columns" (raw pixels of one shape): each value is the pixels alone, and every
-  ``GROUP`` records share one ``__columns__<first index>`` key holding their labels,
-  CRC-32s and paths as msgpack. A chunk is then read by copying values, with no
-  per-record parsing: raw records are small, so per-record work would cost more than
-  the bytes (benchmarks/bench_reader.py).
+- "blocks" (format 5): a value is a block of consecutive records, keyed by its first
+  record's index, laid out by ``packer.store.record`` (payloads, then one compressed header
+  of their labels, checksums, shapes and paths). The metadata's ``block_starts`` lists the
+  blocks' first records. Small records share blocks, so the file is about the size of the
+  payloads, and a chunk of raw pixels is read by copying a few blocks' payload bytes, with
+  no per-record work.
+- "records" (formats 1 to 4): each value is a whole record (``record.unpack_value``).
+- "columns" (raw pixels of one shape, formats 2 to 4): each value is the pixels alone, and
+  every ``GROUP`` records share one ``__columns__<first index>`` key holding their labels,
+  CRC-32s and paths as msgpack.
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ import numpy as np
 
 from packer.store import mapped_pages
 from packer.store.base import Fetched, ShardMeta, merge_ranges
-from packer.store.record import Block, Record, pack_value, unpack_value
+from packer.store.lmdb_blocks import BlockLayout, record_key
+from packer.store.record import (
+    BLOCK_BYTES,
+    Block,
+    Record,
+    block_value,
+    unpack_value,
+)
 
 __all__ = [
     "LmdbShardWriter",
@@ -70,19 +80,15 @@ _CACHED_GROUPS = 16  # decoded column groups a shard reader keeps (a few MB at m
 _MAPPED_BYTES = 32 << 20
 
 
-def record_key(index: int) -> bytes:
-    return b"%010d" % index
-
-
 def columns_key(first: int) -> bytes:
     """The key of the column group whose first record is ``first`` (a multiple of GROUP)."""
     return b"__columns__%010d" % first
 
 
 class LmdbShardWriter:
-    """Writes one LMDB shard. The map grows by itself: a batch that hits the map's end is
-    aborted, the map doubled, and the same batch replayed, so no MapFullError escapes and
-    no record is lost (py-lmdb docs, "Handling database growth")."""
+    """Writes one LMDB shard in the "blocks" layout. The map grows by itself: a batch that
+    hits the map's end is aborted, the map doubled, and the same batch replayed, so no
+    MapFullError escapes and no record is lost (py-lmdb docs, "Handling database growth")."""
 
     def __init__(
         self, path: Path, meta: ShardMeta, expected_bytes: int = 0, map_size: int | None = None
@@ -104,51 +110,50 @@ class LmdbShardWriter:
             meminit=True,  # zero unused page space: same inputs give byte-identical files
             max_dbs=0,
         )
+        # A value over half a page has pages of its own, which never move (LMDB puts a node
+        # of over (page - 16) / 2 bytes, key and header included, on overflow pages): smaller
+        # blocks are padded to that, so that every block's place can be recorded.
+        self._min_block = self._env.stat()["psize"] // 2 + 1
         self._pending: list[tuple[bytes, bytes | memoryview]] = []
         self._pending_bytes = 0
         self._count = 0
-        self._smallest = 1 << 62  # bytes of the smallest record value
+        self._block: list[Record] = []  # the records of the block being filled
+        self._block_bytes = 0
+        self._starts: list[int] = []  # the first record of each block written
         self.map_growths = 0
-        shape = meta.raw_shape
-        self._row_bytes = int(np.prod(shape)) if shape is not None else None  # "columns" layout
-        # (labels, crc32, path) of the column group being filled: not the pixels, which
-        # are already pending in their own values.
-        self._group: list[tuple[tuple[int, ...], int, str]] = []
-        # Finished groups wait for close: their keys sort after every record's, and appends
-        # must come in key order. About 20 bytes + a path per record.
-        self._groups: list[tuple[bytes, bytes]] = []
 
     def append(self, record: Record) -> None:
-        if self._row_bytes is None:
-            value = pack_value(record)
-        else:
+        if self.meta.raw_shape is not None:
             self.meta.check_row(record)
-            value = bytes(record.data)
-            self._group.append((tuple(record.labels), record.crc32, record.path))
-        self._put(record_key(self._count), value)
-        self._smallest = min(self._smallest, len(value))
+        size = len(record.data)
+        if size >= BLOCK_BYTES:  # a block of its own, read into its value where it could be
+            self._end_block()
+            value: bytes | memoryview | None = record.value
+            if value is None:
+                value = block_value([record], self.meta.num_label_columns, self._min_block)
+            self._put_block(self._count, value)
+        else:
+            if self._block_bytes + size > BLOCK_BYTES:
+                self._end_block()
+            self._block.append(record)
+            self._block_bytes += size
         self._count += 1
-        if len(self._group) == GROUP:
-            self._end_group()
+
+    def _end_block(self) -> None:
+        if self._block:
+            value = block_value(self._block, self.meta.num_label_columns, self._min_block)
+            self._put_block(self._count - len(self._block), value)
+            self._block, self._block_bytes = [], 0
+
+    def _put_block(self, first: int, value: bytes | memoryview) -> None:
+        self._starts.append(first)
+        self._put(record_key(first), value)
 
     def _put(self, key: bytes, value: bytes | memoryview) -> None:
         self._pending.append((key, value))
         self._pending_bytes += len(value)
         if self._pending_bytes >= _COMMIT_BYTES or len(self._pending) >= _COMMIT_RECORDS:
             self._commit()
-
-    def _end_group(self) -> None:
-        group, columns = self._group, self.meta.num_label_columns
-        labels, crcs, paths = zip(*group, strict=True)
-        value = msgpack.packb(
-            {
-                "l": np.array(labels, "<i8").reshape(len(group), columns).tobytes(),
-                "c": np.array(crcs, "<u4").tobytes(),
-                "p": list(paths),
-            }
-        )
-        self._groups.append((columns_key(self._count - len(group)), value))
-        self._group = []
 
     def _commit(self) -> None:
         while True:
@@ -169,28 +174,20 @@ class LmdbShardWriter:
         self._pending_bytes = 0
 
     def close(self, sync: bool = True) -> None:
-        if self._group:
-            self._end_group()
-        for key, value in self._groups:
-            self._put(key, value)
-        layout: dict[str, Any] = {"layout": "records"}
-        if self._row_bytes is not None:
-            layout = {"layout": "columns", "group": GROUP}
+        self._end_block()
+        self._commit()  # the blocks' places are known once they are committed
         meta = {
             "index": self.meta.index,
             "num_records": self._count,
             "num_label_columns": self.meta.num_label_columns,
             "raw_shape": self.meta.raw_shape,
-            **layout,
+            "layout": "blocks",
+            "block_starts": np.array(self._starts, "<u8").tobytes(),
             **self.meta.extra,
         }
-        # A value over half a page has pages of its own, which never move (LMDB puts a node
-        # of over (page - 16) / 2 bytes, key and header included, on overflow pages).
-        if self._count and self._smallest > self._env.stat()["psize"] // 2:
-            self._commit()  # the values' places are known once they are committed
-            places = _value_places(self._env, self._count)
-            if places is not None:
-                meta[PLACES] = places.astype("<u8").tobytes()
+        places = _value_places(self._env, len(self._starts))
+        if places is not None:
+            meta[PLACES] = places.astype("<u8").tobytes()
         self._pending.append((META_KEY, msgpack.packb(meta)))
         self._commit()
         if sync:
@@ -318,16 +315,28 @@ class LmdbShardReader:
                 raise ValueError(f"{path}: not a packer shard (no {META_KEY.decode()} key)")
             self.meta: dict[str, Any] = msgpack.unpackb(raw)
             self._len = int(self.meta["num_records"])
-            self._shape = _columns_shape(self.meta)  # None: the "records" layout
-        except (ValueError, KeyError, TypeError, msgpack.UnpackException) as e:
+            self._file_bytes = os.path.getsize(path)
+            self._blocks: BlockLayout | None = None
+            self._shape = None
+            if self.meta.get("layout") == "blocks":
+                self._blocks = BlockLayout(
+                    self._env,
+                    path,
+                    self.meta,
+                    partial(_places, self.meta, file_bytes=self._file_bytes),
+                    self._file_bytes,
+                    _ENVIRONMENTS.count_read,
+                )
+            else:
+                self._shape = _columns_shape(self.meta)  # None: the "records" layout
+        except (ValueError, KeyError, TypeError, OSError, msgpack.UnpackException) as e:
             self.close()  # release the environment: a failed open must not hold it
             if raw is None:
                 raise
             raise ValueError(
                 f"{path}: not a packer shard (damaged {META_KEY.decode()}: {e or type(e).__name__})"
             ) from e
-        self._file_bytes = os.path.getsize(path)
-        self._places = _places(self.meta, self._len, self._file_bytes)
+        self._places = None if self._blocks else _places(self.meta, self._len, self._file_bytes)
         # Column groups decoded lately: a point read (store[i]) decodes a whole group.
         self._cached_groups: OrderedDict[int, Block] = OrderedDict()
 
@@ -337,6 +346,8 @@ class LmdbShardReader:
     def extents(self, start: int, stop: int) -> list[tuple[int, int]]:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        if self._blocks is not None:
+            return self._blocks.extents(start, stop)
         if self._places is None or start == stop:
             return []  # finding the values would touch each one's first page
         pieces = [(int(o), int(n)) for o, n in self._places[start:stop]]
@@ -354,6 +365,8 @@ class LmdbShardReader:
     ) -> Block:
         if not 0 <= start <= stop <= self._len:
             raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        if self._blocks is not None:
+            return self._blocks.read_block(start, stop, out, fetched)
         if self._shape is not None:
             return self._read_columns(start, stop, out, fetched)
         records = []
@@ -552,7 +565,7 @@ class LmdbShardReader:
     def read_record(self, index: int) -> Record:
         if not 0 <= index < self._len:
             raise IndexError(f"record {index} out of range for {self._len} records")
-        if self._shape is not None:
+        if self._shape is not None or self._blocks is not None:
             return self.read_block(index, index + 1).record(0)
         with self._env.begin() as txn:
             value = txn.get(record_key(index))
@@ -562,6 +575,8 @@ class LmdbShardReader:
         return unpack_value(value)  # a view of ``value``, a bytes object of its own
 
     def read_labels(self) -> np.ndarray:
+        if self._blocks is not None:
+            return self._blocks.read_labels()
         columns = self.meta.get("num_label_columns", 0)
         if self._shape is not None:
             with self._env.begin(buffers=True) as txn:
@@ -588,7 +603,7 @@ class LmdbShardReader:
 
 
 def _value_places(env: lmdb.Environment, count: int) -> np.ndarray | None:
-    """(file offset, length) of records 0..count-1's values in ``env``'s file, found through
+    """(file offset, length) of the first ``count`` values in ``env``'s file, found through
     its map (pages just written: in the page cache); None where the map cannot be located."""
     with env.begin(buffers=True) as txn:
         first = txn.get(record_key(0)) if count else None
@@ -607,7 +622,8 @@ def _value_places(env: lmdb.Environment, count: int) -> np.ndarray | None:
 
 
 def _places(meta: dict[str, Any], count: int, file_bytes: int) -> np.ndarray | None:
-    """The shard's value places, (count, 2) int64, if it has them and they lie in the file."""
+    """The shard's value places, (count, 2) int64, if it has them and they lie in the file
+    (one a record, or one a block in the "blocks" layout)."""
     raw = meta.get(PLACES)
     if type(raw) is not bytes or len(raw) != 16 * count:
         return None

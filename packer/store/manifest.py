@@ -44,7 +44,9 @@ FORMAT = "packer-store"
 # use the "columns" layout (packer/store/lmdb_store.py). 3: shard files are hashed with
 # xxh3-128, each shard's "checksum" naming its algorithm, where 1 and 2 had a "sha256".
 # 4: the manifest ends with a checksum of its own bytes ("manifest_checksum", see _seal).
-FORMAT_VERSION = 4
+# 5: LMDB shards hold blocks of records, several small records a value (the "blocks"
+# layout, packer/store/lmdb_blocks.py), where a small record took a 4 KB page of its own.
+FORMAT_VERSION = 5
 OLDEST_FORMAT_VERSION = 1  # every format since the first still opens
 _SEALED_SINCE = 4  # the first format whose manifests must carry their own checksum
 SHARD_HASH = "xxh3_128"  # how new shard files are hashed; sha256 is still read and checked
@@ -55,7 +57,9 @@ _SHARD_NAME = re.compile(r"^shard-\d{5,}\.(lmdb|h5)$")
 _MAX_RECORDS = 1 << 40  # far beyond any real store; guards allocations sized from the manifest
 _MAX_MANIFEST_BYTES = 64 << 20  # a real one is kilobytes (megabytes with 100,000s of skipped files)
 _MAX_RECORD_BYTES = 1 << 30  # h x w x c of a fixed shape: Pillow's own limit is 716 MB (4 channels)
-_MIN_RECORD_BYTES = 16  # a record takes at least this much of its shard file, in either backend
+# A record takes at least this much of its shard file, in either backend: a payload byte and
+# its CRC-32 (its other columns and path are compressed with its neighbours' since format 5).
+_MIN_RECORD_BYTES = 5
 
 
 @dataclass

@@ -1,0 +1,138 @@
+"""LMDB blocks (format 5): the recipe in docs/format.md reads them with plain lmdb, a store is
+about the size of its files, and stores of format 4 (one record a value) still do everything."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import write_image
+from format4 import as_format4
+
+from packer import PackOptions, open_reader, open_store, pack, read_manifest
+from packer.cli import cli
+from packer.inspect.convert import convert_store
+from packer.inspect.unpack import unpack_store
+from packer.store import lmdb_store
+from packer.store.lmdb_store import LmdbShardReader
+from packer.store.verify import verify_store
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "format.md"
+_MARK = "<!-- tested: read a record of a blocks shard with plain lmdb -->"
+
+
+def _recipe() -> Any:
+    """The read_record function of docs/format.md's recipe, run as the page shows it."""
+    text = DOCS.read_text()
+    found = re.search(re.escape(_MARK) + r"\s*```python\n(.*?)```", text, re.S)
+    assert found, "the recipe's code block is not under its marker in docs/format.md"
+    namespace: dict[str, Any] = {}
+    exec(compile(found.group(1), str(DOCS), "exec"), namespace)
+    return namespace["read_record"]
+
+
+def _folder(root: Path, count: int, size: tuple[int, int]) -> Path:
+    for i in range(count):
+        ext = ".png" if i % 2 else ".jpg"
+        write_image(root / f"c{i % 3}" / f"{i:03d}{ext}", size=size, seed=i)
+    return root
+
+
+def test_the_format_page_recipe_reads_every_record_with_plain_lmdb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lmdb_store, "BLOCK_BYTES", 16 << 10)  # many blocks, some records alone
+    source = _folder(tmp_path / "images", 30, (48, 40))
+    write_image(source / "c0" / "big.png", size=(120, 100), seed=99)  # ~36 KB: a block alone
+    store = tmp_path / "s.lmdb"
+    pack(source, store, PackOptions(seed=3, workers=1, shards=2))
+    manifest = read_manifest(store)
+    with open_store(store) as opened:  # closed before plain lmdb opens the files
+        expected = [(bytes(r.data), r.labels, r.path) for r in opened.records()]
+        blocks = sum(len(opened.shard(n).meta["block_starts"]) // 8 for n in range(2))
+    assert blocks > 4
+    read_record = _recipe()
+    got = [
+        read_record(str(store / shard.file), i)
+        for shard in manifest.shards
+        for i in range(shard.num_records)
+    ]
+    assert [(bytes(data), labels, path) for data, labels, path in got] == expected
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "hdf5"])
+def test_a_store_of_small_files_is_about_their_size(tmp_path: Path, backend: str) -> None:
+    """300 noise images of 1-3 KB: one value a record made an LMDB store about 1.5x its
+    files (a 4 KB page each); blocks make it their size plus a few bytes a record."""
+    source = _folder(tmp_path / "images", 300, (24, 20))
+    files = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    store = tmp_path / ("s.lmdb" if backend == "lmdb" else "s.h5")
+    pack(source, store, PackOptions(backend=backend, seed=0, workers=1))  # type: ignore[arg-type]
+    shards = sum(s.bytes for s in read_manifest(store).shards)
+    assert shards <= 1.05 * files + (32 << 10), (shards, files)
+
+
+VARIANTS = {
+    "records": {},
+    "columns": {"raw": True, "size": (8, 8)},
+    "raw records": {"raw": True},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_format_4_store_still_reads_verifies_unpacks_converts_and_grows(
+    image_dir: Path, tmp_path: Path, variant: str
+) -> None:
+    extra = VARIANTS[variant]
+    store = tmp_path / "old.lmdb"
+    pack(image_dir, store, PackOptions(seed=2, workers=1, **extra))  # type: ignore[arg-type]
+    with open_store(store) as opened:
+        expected = [(bytes(r.data), r.labels, r.path) for r in opened.records()]
+        pixels = opened[5][0]
+    as_format4(store)
+    assert read_manifest(store).format_version == 4
+    shard = store / read_manifest(store).shards[0].file
+    reader = LmdbShardReader(shard)
+    layout = reader.meta["layout"]
+    reader.close()
+    assert layout == ("records" if variant != "columns" else "columns")
+
+    with open_store(store) as opened:  # random access and the records in order
+        assert [(bytes(r.data), r.labels, r.path) for r in opened.records()] == expected
+        assert (opened[5][0] == pixels).all()
+    with open_reader(store, batch_size=4, decode=False, with_paths=True) as loader:
+        seen = sorted(p for _, _, paths in loader for p in paths)
+    assert seen == sorted(path for _, _, path in expected)
+    assert verify_store(store).ok
+    runner = CliRunner()
+    head = runner.invoke(cli, ["inspect", str(store), "--head", "3"])
+    assert head.exit_code == 0 and expected[0][2] in head.output
+    one = tmp_path / "one.png"
+    extracted = runner.invoke(cli, ["inspect", str(store), "--extract", "0", str(one)])
+    assert extracted.exit_code == 0 and one.stat().st_size > 0, extracted.output
+    unpacked = unpack_store(store, tmp_path / "files")
+    assert unpacked.files == len(expected)
+    converted = tmp_path / "c.h5"
+    convert_store(store, converted)
+    with open_store(converted) as opened:
+        assert [(bytes(r.data), r.labels, r.path) for r in opened.records()] == expected
+
+    more = tmp_path / "more"
+    write_image(more / "cat" / "new.png", size=(20, 18), seed=77)
+    pack(more, store, PackOptions(seed=2, workers=1, append=True, **extra))  # type: ignore[arg-type]
+    grown = read_manifest(store)
+    assert grown.format_version == 5 and len(grown.shards) == 2
+    layouts = []
+    for info in grown.shards:
+        reader = LmdbShardReader(store / info.file)
+        layouts.append(reader.meta["layout"])
+        reader.close()
+    assert layouts == [layout, "blocks"]  # the old shard kept as it was, the new one in blocks
+    with open_store(store) as opened:
+        paths = [r.path for r in opened.records()]
+    assert paths[: len(expected)] == [path for _, _, path in expected]
+    assert paths[len(expected) :] == ["cat/new.png"]
+    assert verify_store(store).ok
