@@ -218,6 +218,13 @@ class RecordDraws:
         return low + min(int(self.random() * (high - low)), high - low - 1)
 
 
+def source_seed(seed: int, source: int) -> int:
+    """The seed the draws of a mixture's ``source``-th store are keyed by, so that record i of
+    one store and record i of another get different crops. The first store keeps ``seed``
+    itself: a store read alone draws as it does first in a mixture."""
+    return seed if source == 0 else _mix((seed ^ source * _GOLDEN) & _MASK)
+
+
 def record_rng(seed: int, epoch: int, index: int) -> RecordDraws:
     """The draws of one record in one epoch: a pure function of the three."""
     return RecordDraws(seed, epoch, index)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -419,3 +420,22 @@ def test_augment_with_size_or_without_decoding_is_refused(photo_store: Path) -> 
         open_reader(photo_store, batch_size=4, augment=TRAIN, size=(8, 8))
     with pytest.raises(UsageError, match="decode=True"):
         open_reader(photo_store, batch_size=4, augment=TRAIN, decode=False)
+
+
+def test_the_stores_of_a_mixture_draw_their_own_crops(tmp_path: Path, photo_store: Path) -> None:
+    """Two copies of one store, mixed: the same record of each gets its own crop, while the
+    first store draws as it does read alone."""
+    twin = tmp_path / "twin.lmdb"
+    shutil.copytree(photo_store, twin)
+    crops: dict[tuple[int, str], np.ndarray] = {}
+    with open_reader(
+        [photo_store, twin], weights=None, batch_size=6, augment=TRAIN, seed=7, with_paths=True
+    ) as reader:
+        for images, _, sources, paths in reader.epoch(0):
+            for image, source, path in zip(images, sources, paths):
+                crops[int(source), path] = image
+    alone = _by_path(photo_store, 0, batch_size=6, augment=TRAIN, seed=7)
+    paths = sorted(alone)
+    assert all(np.array_equal(crops[0, p], alone[p]) for p in paths)
+    differ = [not np.array_equal(crops[0, p], crops[1, p]) for p in paths]
+    assert sum(differ) >= len(differ) - 2

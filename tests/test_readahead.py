@@ -241,11 +241,12 @@ def test_by_default_a_store_is_read_ahead_when_memory_cannot_hold_it(
     assert ("packer-read-ahead" in seen) is expected
 
 
-def test_auto_depth_reads_a_whole_window_ahead_within_a_quarter_of_memory() -> None:
+def test_auto_depth_reads_a_whole_window_ahead_as_memory_allows() -> None:
     mb = 1 << 20
     assert readahead.auto_depth(8, 25 * mb, 8 << 30) == 8  # the next window, whole
-    assert readahead.auto_depth(8, 25 * mb, 400 * mb) == 4  # 100 MB: four 25 MB chunks
-    assert readahead.auto_depth(8, 25 * mb, 10 * mb) == readahead.MIN_DEPTH
+    assert readahead.auto_depth(8, 25 * mb, 400 * mb) == 8  # 200 MB: all eight chunks
+    assert readahead.auto_depth(8, 25 * mb, 400 * mb, reserved=100 * mb) == 4  # 100 MB left
+    assert readahead.auto_depth(8, 25 * mb, 765 * mb, reserved=600 * mb) == readahead.MIN_DEPTH
     assert readahead.auto_depth(8, 0, 10 * mb) == 8  # unknown chunk bytes: the window
 
 

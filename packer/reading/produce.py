@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from packer.arguments import default_workers
+from packer.augment import source_seed
 from packer.imaging import decode as imaging
 from packer.imaging import resizing
 from packer.reading import epoch as plan
@@ -149,10 +150,12 @@ class Producer:
                 collate=opts.collate,
                 stop=stop,
                 augment=augment,
-                seed=opts.seed,
+                seed=source_seed(opts.seed, k),
                 epoch=epoch,
             )
-            for store, source, check in zip(stores, self.sources, verify, strict=True)
+            for k, (store, source, check) in enumerate(
+                zip(stores, self.sources, verify, strict=True)
+            )
         ]
         mover = _gpu_mover(opts)
         workers = opts.workers or default_workers()
@@ -316,8 +319,22 @@ class Producer:
         memory = memory_for_cache()
         if store_bytes(source.path) <= memory:
             return 0
-        mean = (source.manifest.stats.get("payload_bytes") or {}).get("mean") or 0
-        return auto_depth(self.options.buffer_chunks, source.chunk_size * mean, memory)
+        opts, stats = self.options, source.manifest.stats
+        mean = (stats.get("payload_bytes") or {}).get("mean") or 0
+        chunk = source.chunk_size * mean
+        if opts.size is not None:
+            image = opts.size[0] * opts.size[1] * 3
+        elif opts.decode:  # at most the stored images' size (a crop is smaller)
+            image = (
+                ((stats.get("height") or {}).get("mean") or 0)
+                * ((stats.get("width") or {}).get("mean") or 0)
+                * 3
+            )
+        else:
+            image = mean
+        in_flight = (opts.prefetch + (opts.workers or default_workers()) + 2) * opts.batch_size
+        reserved = opts.buffer_chunks * chunk + in_flight * image
+        return auto_depth(opts.buffer_chunks, chunk, memory, reserved)
 
     def _open_stores(self) -> list[Store]:
         if self._stores is None or self._store_pid != os.getpid():

@@ -134,15 +134,16 @@ def store_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
 
 
-def auto_depth(window_chunks: int, chunk_bytes: float, memory: int) -> int:
+def auto_depth(window_chunks: int, chunk_bytes: float, memory: int, reserved: float = 0) -> int:
     """Chunks to read ahead of a store the page cache cannot hold: a whole shuffle window, so
-    that the next window is read while this one is decoded, in at most a quarter of
-    ``memory``, and never fewer than MIN_DEPTH.
+    that the next window is read while this one is decoded, in at most half of what
+    ``memory`` leaves beside the reader's other buffers (``reserved``: its window and the
+    batches in flight), and never fewer than MIN_DEPTH.
 
     Two chunks keep the disk busy while raw records are read, but decoding a window takes as
     long as reading one: with two, the rest of each window was read while the decode threads
     waited (decoded epochs at 0.6-0.7x of what the disk and the cores allowed)."""
-    fits = int(memory // 4 // max(chunk_bytes, 1.0))
+    fits = int(max(0.0, memory / 2 - reserved) // max(chunk_bytes, 1.0))
     return max(MIN_DEPTH, min(window_chunks, fits))
 
 
