@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.about import install_hint
+from packer.errors import UsageError
 from packer.reading.options import ReaderOptions, rank_and_world
 from packer.reading.reader import Reader
 
@@ -39,6 +40,11 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
     def __init__(self, path: Path | str, *, batch_size: int, **options: Any) -> None:
         self.path = Path(path)
         self.options = ReaderOptions(batch_size=batch_size, **options)
+        if self.options.decode_in == "processes":
+            raise UsageError(
+                "decode_in='processes' cannot run inside DataLoader workers (daemonic processes "
+                "may not start processes); the DataLoader's workers already decode in parallel"
+            )
         Reader(self.path, self.options)  # validate the store and options now, not in a worker
         self._given_ranks = (self.options.rank, self.options.world_size)
         self._settle_ranks()

@@ -34,6 +34,7 @@ from packer.reading.batching import (
     read_window,
     split_window,
 )
+from packer.reading.decode_procs import ProcessDecoder, choose, merge_parts
 from packer.reading.readahead import AUTO_DEPTH, SUPPORTED, ReadAhead, memory_for_cache, store_bytes
 from packer.store.access import Store
 from packer.store.base import Fetched
@@ -65,6 +66,8 @@ class Producer:
         self._store_pid = -1
         # The window array an epoch last read into, for the next epoch's windows (_gathered).
         self._spare_windows: list[np.ndarray] = []
+        self.decode_in = choose(options, manifest)  # "threads" or "processes"
+        self._processes: ProcessDecoder | None = None
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
         if options.size is not None:
@@ -122,18 +125,20 @@ class Producer:
         # of an epoch, which nothing can prefetch, is ready in 1/workers of the time; a
         # user's collate wants the whole batch.
         split = 1 if ready or opts.collate is not None else workers
+        processes = None if ready else self._decode_processes(finish.keywords, workers)
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
+            submit = processes.submit if processes else partial(pool.submit, finish)
             pending: deque[list[Future[Batch]]] = deque()
             try:
                 skip = skip_batches * opts.batch_size
-                merge = partial(merge_batches, stack=opts.collate is None)
+                merge = partial(
+                    merge_parts if processes else merge_batches, stack=opts.collate is None
+                )
                 for window in self._gathered(store, epoch, skip, finish.keywords["verify"]):
                     if ready:
                         yield mover(merge([finish(window)]))
                         continue
-                    pending.append(
-                        [pool.submit(finish, part) for part in split_window(window, split)]
-                    )
+                    pending.append([submit(part) for part in split_window(window, split)])
                     while len(pending) > workers:
                         yield mover(merge([f.result() for f in pending.popleft()]))
                 while pending:
@@ -231,6 +236,18 @@ class Producer:
             depth = AUTO_DEPTH if store_bytes(self.path) > memory_for_cache() else 0
         return ReadAhead(self.path, spans, depth) if depth else None
 
+    def _decode_processes(self, finish: dict[str, Any], workers: int) -> ProcessDecoder | None:
+        """The pool of decode processes, where this reader decodes in processes: started
+        once (in this process: a DataLoader worker forked from it starts its own), kept
+        for every epoch."""
+        if self.decode_in != "processes":
+            return None
+        if self._processes is None or self._processes.pid != os.getpid():
+            given = {k: v for k, v in finish.items() if k not in ("store", "stop")}
+            stack = self.options.collate is None
+            self._processes = ProcessDecoder(workers, finish["store"], given, stack)
+        return self._processes
+
     def _open_store(self) -> Store:
         if self._store is None or self._store_pid != os.getpid():
             self._store = Store(self.path, images=self.options.images, labels=self.options.labels)
@@ -242,6 +259,9 @@ class Producer:
         if self._store is not None and self._store_pid == os.getpid():
             self._store.close()
         self._store = None
+        if self._processes is not None and self._processes.pid == os.getpid():
+            self._processes.close()
+        self._processes = None
 
 
 def _take(ahead: ReadAhead, first: int, k: int) -> Fetched | None:

@@ -1,0 +1,173 @@
+"""Decoding in worker processes, and the choice between them and the decode threads.
+
+Threads serve large images well: libjpeg-turbo, zlib and CRC-32 release the GIL for the heavy
+part. A small image is the other way round: a 32x32 PNG decodes in ~70 us, most of it Python
+(Pillow's open, the record's checks) that holds the GIL, so threads take turns and two cores
+decode at the rate of one. Worker processes each have their own GIL.
+
+    producer thread: read_window -> gather -> [bytes of one batch part] --pipe--> worker process
+    worker process:  finish_batch (verify, decode, transform) -> one array --pipe--> merged batch
+
+A part goes out as its payloads and metadata, comes back as one array: a copy each way, a
+few percent of a small image's decode. For large images the copy back would cost more than
+the GIL does, so ``choose`` keeps threads for them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from packer.errors import UsageError
+from packer.imaging import decode as imaging
+from packer.lifeline import die_with_parent
+from packer.reading.batching import Batch, Window, finish_batch, merge_batches
+
+if TYPE_CHECKING:
+    from packer.reading.options import ReaderOptions
+    from packer.store.access import Store
+    from packer.store.manifest import Manifest
+
+__all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "ProcessDecoder", "merge_parts"]
+
+DECODE_IN = ("threads", "processes")
+# Images of at most this many pixels on average (the store's own statistics) decode in
+# processes by default. scripts/bench_small_images.py: processes beat threads 2-3x at
+# 32x32 and 64x64; at ~400x350 the threads' GIL-free decode is as fast, without the copy.
+SMALL_PIXELS = 128 * 128
+
+
+def choose(options: ReaderOptions, manifest: Manifest) -> str:
+    """Where this reader decodes: ``options.decode_in`` if given, else "processes" for a
+    store of small encoded images read outside a DataLoader worker, else "threads"."""
+    if options.decode_in is not None:
+        if options.decode_in == "processes":
+            _check_sendable(options)
+        return options.decode_in
+    storage = manifest.storage
+    if not options.decode or (storage.payload == "raw" and options.size is None):
+        return "threads"  # nothing to decode: checksums and gathers are fast in threads
+    if options.worker is not None or multiprocessing.current_process().daemon:
+        return "threads"  # a DataLoader's worker: its processes are the parallelism
+    stats = manifest.stats or {}
+    height = (stats.get("height") or {}).get("mean")
+    width = (stats.get("width") or {}).get("mean")
+    if not height or not width or height * width > SMALL_PIXELS:
+        return "threads"
+    try:
+        _check_sendable(options)
+    except UsageError:
+        return "threads"  # a transform that only threads can run
+    return "processes"
+
+
+def _check_sendable(options: ReaderOptions) -> None:
+    if options.worker is not None or multiprocessing.current_process().daemon:
+        raise UsageError(
+            "decode_in='processes' cannot run inside a DataLoader worker (a daemonic process "
+            "may not start processes); its workers already decode in parallel: leave "
+            "decode_in unset or use 'threads'"
+        )
+    for name in ("transform", "collate"):
+        function = getattr(options, name)
+        try:
+            pickle.dumps(function)
+        except Exception as e:
+            raise UsageError(
+                f"decode_in='processes' needs a {name} that can be sent to another process "
+                f"(a function defined at module level, not a lambda or closure): {e}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class _Names:
+    """What finish_batch's error messages need of the store: its path and shard files."""
+
+    path: str
+    manifest: Any
+
+
+@dataclass(frozen=True)
+class _ShardFile:
+    file: str
+
+
+@dataclass(frozen=True)
+class _Shards:
+    shards: list[_ShardFile]
+
+
+class ProcessDecoder:
+    """A pool of ``workers`` processes that finish batch parts as finish_batch does.
+
+    Forked where the platform can (a worker starts in milliseconds, runs no import of the
+    main script, and inherits Pillow's plugins): the fork waits for every lock packer's own
+    threads take (packer.fork_gate), and a worker only decodes. Each worker dies with the
+    process that started it (packer.lifeline), SIGKILLed or not.
+    """
+
+    def __init__(self, workers: int, store: Store, finish: dict[str, Any], stack: bool) -> None:
+        names = _Names(
+            str(store.path), _Shards([_ShardFile(s.file) for s in store.manifest.shards])
+        )
+        methods = multiprocessing.get_all_start_methods()
+        method = "fork" if "fork" in methods else "spawn"
+        if method == "fork":
+            imaging.load_plugins()
+        self._pool = ProcessPoolExecutor(
+            workers,
+            multiprocessing.get_context(method),
+            initializer=_init_worker,
+            initargs=(names, finish, stack, os.getpid()),
+        )
+        self.pid = os.getpid()
+        self._pool.submit(int).result()  # with fork, the first task starts every worker
+
+    def submit(self, part: Window) -> Future[Batch]:
+        """Finish ``part`` in a worker; its payloads travel as bytes (not views of a map)."""
+        if not isinstance(part.data, np.ndarray):
+            part = replace(part, data=[p if isinstance(p, bytes) else bytes(p) for p in part.data])
+        return self._pool.submit(_finish_part, part)
+
+    def close(self) -> None:
+        """Stop the workers; a task under way is abandoned."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def merge_parts(parts: list[Batch], stack: bool) -> Batch:
+    """The finished parts of one batch in one Batch: arrays of one shape joined in one copy."""
+    arrays = [p.images for p in parts if isinstance(p.images, np.ndarray)]
+    joinable = len(arrays) == len(parts) and len({a.shape[1:] for a in arrays}) == 1
+    if stack and len(parts) > 1 and joinable:
+        return Batch(
+            np.concatenate(arrays),
+            np.concatenate([p.labels for p in parts]),
+            [path for p in parts for path in p.paths],
+            sum(p.skipped for p in parts),
+            sum(p.nbytes for p in parts),
+        )
+    return merge_batches(parts, stack)
+
+
+_worker: tuple[_Names, dict[str, Any], bool] | None = None
+
+
+def _init_worker(names: _Names, finish: dict[str, Any], stack: bool, parent: int) -> None:
+    global _worker
+    _worker = (names, finish, stack)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
+    die_with_parent(parent)
+
+
+def _finish_part(part: Window) -> Batch:
+    assert _worker is not None, "not a decode worker"
+    names, finish, stack = _worker
+    batch = finish_batch(part, store=cast("Store", names), **finish)
+    return merge_batches([batch], stack) if stack else batch
