@@ -19,8 +19,10 @@ import multiprocessing
 import os
 import pickle
 import signal
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -110,13 +112,16 @@ class ProcessDecoder:
     Forked where the platform can (a worker starts in milliseconds, runs no import of the
     main script, and inherits Pillow's plugins): the fork waits for every lock packer's own
     threads take (packer.fork_gate), and a worker only decodes. Each worker dies with the
-    process that started it (packer.lifeline), SIGKILLed or not.
+    process that started it (packer.lifeline), SIGKILLed or not: by the kernel where this is
+    the main thread (PR_SET_PDEATHSIG follows the thread that forked), else by a watch within
+    half a second.
     """
 
-    def __init__(self, workers: int, store: Store, finish: dict[str, Any], stack: bool) -> None:
-        names = _Names(
-            str(store.path), _Shards([_ShardFile(s.file) for s in store.manifest.shards])
-        )
+    def __init__(
+        self, workers: int, path: Path, manifest: Manifest, finish: dict[str, Any], stack: bool
+    ) -> None:
+        names = _Names(str(path), _Shards([_ShardFile(s.file) for s in manifest.shards]))
+        kernel = threading.current_thread() is threading.main_thread()
         methods = multiprocessing.get_all_start_methods()
         method = "fork" if "fork" in methods else "spawn"
         if method == "fork":
@@ -125,7 +130,7 @@ class ProcessDecoder:
             workers,
             multiprocessing.get_context(method),
             initializer=_init_worker,
-            initargs=(names, finish, stack, os.getpid()),
+            initargs=(names, finish, stack, os.getpid(), kernel),
         )
         self.pid = os.getpid()
         self._pool.submit(int).result()  # with fork, the first task starts every worker
@@ -159,11 +164,13 @@ def merge_parts(parts: list[Batch], stack: bool) -> Batch:
 _worker: tuple[_Names, dict[str, Any], bool] | None = None
 
 
-def _init_worker(names: _Names, finish: dict[str, Any], stack: bool, parent: int) -> None:
+def _init_worker(
+    names: _Names, finish: dict[str, Any], stack: bool, parent: int, kernel: bool
+) -> None:
     global _worker
     _worker = (names, finish, stack)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
-    die_with_parent(parent)
+    die_with_parent(parent, kernel)
 
 
 def _finish_part(part: Window) -> Batch:

@@ -101,19 +101,8 @@ class Producer:
         """Runs in the prefetch thread: read, gather, hand batches to the decode pool."""
         opts = self.options
         store = self._open_store()
-        finish = partial(
-            finish_batch,
-            store=store,
-            decode=opts.decode,
-            mode=opts.mode or self.manifest.storage.mode,
-            verify=opts.verify and self.manifest.storage.checksums,
-            on_error=opts.on_error,
-            transform=opts.transform,
-            size=opts.size,
-            fit=opts.fit,
-            collate=opts.collate,
-            stop=stop,
-        )
+        given = self._finish_options()
+        finish: Callable[[Window], Batch] = partial(finish_batch, store=store, stop=stop, **given)
         mover = _gpu_mover(opts)
         workers = opts.workers or default_workers()
         # Raw pixels of one shape are checked as they are read; with no
@@ -125,16 +114,18 @@ class Producer:
         # of an epoch, which nothing can prefetch, is ready in 1/workers of the time; a
         # user's collate wants the whole batch.
         split = 1 if ready or opts.collate is not None else workers
-        processes = None if ready else self._decode_processes(finish.keywords, workers)
+        processes = None if ready else self.start_processes()
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
-            submit = processes.submit if processes else partial(pool.submit, finish)
+            submit: Callable[[Window], Future[Batch]] = (
+                processes.submit if processes else partial(pool.submit, finish)
+            )
             pending: deque[list[Future[Batch]]] = deque()
             try:
                 skip = skip_batches * opts.batch_size
                 merge = partial(
                     merge_parts if processes else merge_batches, stack=opts.collate is None
                 )
-                for window in self._gathered(store, epoch, skip, finish.keywords["verify"]):
+                for window in self._gathered(store, epoch, skip, given["verify"]):
                     if ready:
                         yield mover(merge([finish(window)]))
                         continue
@@ -236,16 +227,33 @@ class Producer:
             depth = AUTO_DEPTH if store_bytes(self.path) > memory_for_cache() else 0
         return ReadAhead(self.path, spans, depth) if depth else None
 
-    def _decode_processes(self, finish: dict[str, Any], workers: int) -> ProcessDecoder | None:
+    def _finish_options(self) -> dict[str, Any]:
+        """finish_batch's keywords but the store and the stop event: what a batch's decode needs."""
+        opts, storage = self.options, self.manifest.storage
+        return {
+            "decode": opts.decode,
+            "mode": opts.mode or storage.mode,
+            "verify": opts.verify and storage.checksums,
+            "on_error": opts.on_error,
+            "transform": opts.transform,
+            "size": opts.size,
+            "fit": opts.fit,
+            "collate": opts.collate,
+        }
+
+    def start_processes(self) -> ProcessDecoder | None:
         """The pool of decode processes, where this reader decodes in processes: started
-        once (in this process: a DataLoader worker forked from it starts its own), kept
-        for every epoch."""
+        once per process (a DataLoader worker forked from this one starts its own), kept for
+        every epoch. The reader starts it from the thread that asks for an epoch, which
+        usually lives as long as the process (see ProcessDecoder)."""
         if self.decode_in != "processes":
             return None
         if self._processes is None or self._processes.pid != os.getpid():
-            given = {k: v for k, v in finish.items() if k not in ("store", "stop")}
+            workers = self.options.workers or default_workers()
             stack = self.options.collate is None
-            self._processes = ProcessDecoder(workers, finish["store"], given, stack)
+            self._processes = ProcessDecoder(
+                workers, self.path, self.manifest, self._finish_options(), stack
+            )
         return self._processes
 
     def _open_store(self) -> Store:
