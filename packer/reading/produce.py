@@ -117,7 +117,7 @@ class Producer:
         processes = None if ready else self.start_processes()
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
             submit: Callable[[Window], Future[Batch]] = (
-                processes.submit if processes else partial(pool.submit, finish)
+                processes.submit if processes else lambda part: pool.submit(finish, part)
             )
             pending: deque[list[Future[Batch]]] = deque()
             try:
