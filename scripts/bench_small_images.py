@@ -259,10 +259,10 @@ def bench_simulated(count: int) -> dict:
 
 def simulate(count: int) -> None:
     """In a fresh process: ``count`` scanned entries through the pack's planning steps."""
+    from packer.packing.file_list import FileListBuilder
     from packer.packing.ledger import inputs_digest
     from packer.packing.options import PackOptions
     from packer.packing.pipeline import plan_shards
-    from packer.packing.file_list import FileListBuilder
     from packer.packing.shard_job import estimated_sizes
     from packer.packing.shuffle import permutation
     from packer.packing.source import _from_folders

@@ -33,7 +33,7 @@ class FileList:
 
     def __init__(
         self,
-        blob: bytes,
+        blob: bytes | bytearray,
         offsets: np.ndarray,
         sizes: np.ndarray,
         labels: np.ndarray | None = None,
@@ -147,8 +147,8 @@ class FileList:
         first = slashes[np.minimum(nearest, max(len(slashes) - 1, 0))] if len(slashes) else stops
         has = (nearest < len(slashes)) & (first < stops)
         runs = np.zeros(len(index), np.int64) - 1
-        names: list[bytes] = []
-        previous = b""
+        names: list[bytes | bytearray] = []
+        previous: bytes | bytearray = b""
         blob = self._blob
         for k in np.flatnonzero(has).tolist():
             name = blob[int(starts[k]) : int(first[k])]
@@ -212,12 +212,12 @@ class FileListBuilder:
         return len(self._sizes)
 
     def build(self, labels: np.ndarray | None = None) -> FileList:
-        """The FileList of everything added (with ``labels``: one row per entry)."""
+        """The FileList of everything added (with ``labels``: one row per entry); the builder
+        hands its buffers over, without a copy, and starts empty again."""
         offsets = np.zeros(len(self._ends) + 1, np.int64)
-        offsets[1:] = np.frombuffer(self._ends, np.int64) if len(self._ends) else []
-        sizes = (
-            np.frombuffer(self._sizes, np.int64).copy()
-            if len(self._sizes)
-            else np.zeros(0, np.int64)
-        )
-        return FileList(bytes(self._blob), offsets, sizes, labels)
+        if len(self._ends):
+            offsets[1:] = np.frombuffer(self._ends, np.int64)
+        sizes = np.frombuffer(self._sizes, np.int64) if len(self._sizes) else np.zeros(0, np.int64)
+        blob = self._blob
+        self._blob, self._ends, self._sizes = bytearray(), array("q"), array("q")
+        return FileList(blob, offsets, sizes, labels)
