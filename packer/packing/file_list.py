@@ -137,25 +137,35 @@ class FileList:
 
     def top_folders(self) -> tuple[list[str], np.ndarray]:
         """Each entry's first folder: (the folder names, sorted; each entry's index among them,
-        -1 for an entry with no folder). For a list sorted by path, whose entries of one
-        folder are side by side, this reads each path once and makes no object per entry."""
-        data = np.frombuffer(self._blob, np.uint8)
-        slashes = np.flatnonzero(data == ord("/"))
+        -1 for an entry with no folder). Reads each path once, a chunk of entries at a time,
+        and makes an object only where the folder changes from one entry to the next (once
+        per folder in a list sorted by path)."""
         index = self._index()
-        starts, stops = self._offsets[index], self._offsets[index + 1]
-        nearest = np.searchsorted(slashes, starts)
-        first = slashes[np.minimum(nearest, max(len(slashes) - 1, 0))] if len(slashes) else stops
-        has = (nearest < len(slashes)) & (first < stops)
-        runs = np.zeros(len(index), np.int64) - 1
+        runs = np.full(len(index), -1, np.int64)
         names: list[bytes | bytearray] = []
-        previous: bytes | bytearray = b""
-        blob = self._blob
-        for k in np.flatnonzero(has).tolist():
-            name = blob[int(starts[k]) : int(first[k])]
-            if name != previous or not names:
-                names.append(name)
-                previous = name
-            runs[k] = len(names) - 1
+        for first in range(0, len(index), _ITER_CHUNK * 16):
+            chunk = index[first : first + _ITER_CHUNK * 16]
+            starts, stops = self._offsets[chunk], self._offsets[chunk + 1]
+            low, high = int(starts.min()), int(stops.max())
+            slashes = np.flatnonzero(np.frombuffer(self._blob, np.uint8, high - low, low) == 47)
+            slashes += low  # ord("/") == 47: the slashes of this chunk's paths, in the blob
+            nearest = np.searchsorted(slashes, starts)
+            found = nearest < len(slashes)
+            if not len(slashes):
+                continue
+            slash = np.where(found, slashes[np.minimum(nearest, len(slashes) - 1)], stops)
+            has = found & (slash < stops)
+            lengths = slash - starts
+            for k in np.flatnonzero(has).tolist():
+                start, length = int(starts[k]), int(lengths[k])
+                previous = names[-1] if names else None
+                if (
+                    previous is None
+                    or len(previous) != length
+                    or (self._blob[start : start + length] != previous)
+                ):
+                    names.append(self._blob[start : start + length])
+                runs[first + k] = len(names) - 1
         # Runs of one name apart (a list not sorted by path) are one folder all the same.
         texts = [n.decode("utf-8") for n in names]
         ordered = sorted(set(texts))

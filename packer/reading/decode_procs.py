@@ -15,6 +15,7 @@ the GIL does, so ``choose`` keeps threads for them.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import pickle
@@ -22,6 +23,7 @@ import signal
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -136,10 +138,16 @@ class ProcessDecoder:
         self._pool.submit(int).result()  # with fork, the first task starts every worker
 
     def submit(self, part: Window) -> Future[Batch]:
-        """Finish ``part`` in a worker; its payloads travel as bytes (not views of a map)."""
+        """Finish ``part`` in a worker; its payloads travel as bytes (not views of a map).
+        What the worker logged (records skipped with on_error="skip") is logged here, as
+        the threads would have logged it."""
         if not isinstance(part.data, np.ndarray):
             part = replace(part, data=[p if isinstance(p, bytes) else bytes(p) for p in part.data])
-        return self._pool.submit(_finish_part, part)
+        inner = self._pool.submit(_finish_part, part)
+        outer: Future[Batch] = Future()
+        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        inner.add_done_callback(partial(_settle, outer))
+        return outer
 
     def close(self) -> None:
         """Stop the workers; a task under way is abandoned."""
@@ -161,7 +169,39 @@ def merge_parts(parts: list[Batch], stack: bool) -> Batch:
     return merge_batches(parts, stack)
 
 
+def _settle(outer: Future[Batch], inner: Future[tuple[Batch, list[logging.LogRecord]]]) -> None:
+    if outer.done():  # given up on (cancelled) while the worker ran
+        return
+    if inner.cancelled():
+        outer.cancel()
+        return
+    error = inner.exception()
+    if error is not None:
+        outer.set_exception(error)
+        return
+    batch, records = inner.result()
+    for record in records:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
+    outer.set_result(batch)
+
+
+class _Collect(logging.Handler):
+    """In a worker: packer's log records, kept to go back with the batch part."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None  # its arguments may not pickle
+        record.exc_info = record.exc_text = None
+        self.records.append(record)
+
+
 _worker: tuple[_Names, dict[str, Any], bool] | None = None
+_collected = _Collect()
 
 
 def _init_worker(
@@ -170,11 +210,15 @@ def _init_worker(
     global _worker
     _worker = (names, finish, stack)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
+    logger = logging.getLogger("packer")  # every record goes back to the reader's process
+    logger.handlers, logger.propagate = [_collected], False
+    logger.setLevel(logging.DEBUG)
     die_with_parent(parent, kernel)
 
 
-def _finish_part(part: Window) -> Batch:
+def _finish_part(part: Window) -> tuple[Batch, list[logging.LogRecord]]:
     assert _worker is not None, "not a decode worker"
     names, finish, stack = _worker
+    _collected.records = []
     batch = finish_batch(part, store=cast("Store", names), **finish)
-    return merge_batches([batch], stack) if stack else batch
+    return (merge_batches([batch], stack) if stack else batch), _collected.records
