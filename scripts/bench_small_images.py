@@ -10,8 +10,9 @@ the folder, and packing memory per file, in one run.
          persistent workers, a map-style dataset that opens each file with Pillow, converts
          it to RGB and returns a tensor (the default collate stacks the batch);
        - packer: ``open_reader(store, batch_size=256)`` with default options (it chooses
-         where to decode from the store's statistics), and with decode_in forced to
-         "threads" and to "processes", shown.
+         where to decode from the store's statistics) but ``across_epochs=False``, so that
+         no reader works between its timed epochs; and with decode_in forced to "threads"
+         and to "processes", shown.
      Goal: defaults >= 1.5x the DataLoader on every corpus.
   2. --files N: packing N tiny PNGs (copies of 64 distinct 32x32 PNGs under new names, in
      100 class folders), ``--check header``, in a fresh process: its peak RSS (VmHWM) and
@@ -132,10 +133,17 @@ def bench_reading(workdir: Path, repeat: int, only: list[str]) -> list[dict]:
             persistent_workers=True,
             generator=torch.Generator().manual_seed(0),
         )
+        # across_epochs=False: a reader idle between its epochs, as the DataLoader's workers
+        # are; by default it would decode its next epoch's first batches while the others
+        # are timed, taking their cores and starting its next timed epoch ahead.
         readers = {
-            "default": open_reader(store, batch_size=BATCH, seed=0),
-            "threads": open_reader(store, batch_size=BATCH, seed=0, decode_in="threads"),
-            "processes": open_reader(store, batch_size=BATCH, seed=0, decode_in="processes"),
+            "default": open_reader(store, batch_size=BATCH, seed=0, across_epochs=False),
+            "threads": open_reader(
+                store, batch_size=BATCH, seed=0, across_epochs=False, decode_in="threads"
+            ),
+            "processes": open_reader(
+                store, batch_size=BATCH, seed=0, across_epochs=False, decode_in="processes"
+            ),
         }
         runs: dict[str, list[float]] = {"dataloader": [], **{k: [] for k in readers}}
         epochs = {k: 0 for k in readers}

@@ -33,6 +33,11 @@ def _cv2() -> ModuleType:
     return cv2
 
 
+def opencv() -> ModuleType:
+    """The cv2 module, imported on first use (see ``load``)."""
+    return _cv2()
+
+
 def load() -> None:
     """Import OpenCV now, in this thread, before threads that resize start: a fork while
     another thread imports leaves the child a module lock no thread will release (see

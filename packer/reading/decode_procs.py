@@ -31,6 +31,7 @@ import numpy as np
 
 from packer.errors import UsageError
 from packer.imaging import decode as imaging
+from packer.imaging import resizing
 from packer.lifeline import die_with_parent
 from packer.reading.batching import Batch, Window, finish_batch, merge_batches
 
@@ -126,8 +127,9 @@ class ProcessDecoder:
         kernel = threading.current_thread() is threading.main_thread()
         methods = multiprocessing.get_all_start_methods()
         method = "fork" if "fork" in methods else "spawn"
-        if method == "fork":
+        if method == "fork":  # imported once here, not in every worker
             imaging.load_plugins()
+            resizing.load()
         self._pool = ProcessPoolExecutor(
             workers,
             multiprocessing.get_context(method),

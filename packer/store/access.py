@@ -19,7 +19,7 @@ import numpy as np
 
 from packer.errors import CorruptRecordError, StoreError, UsageError
 from packer.imaging import decode as imaging
-from packer.imaging import resizing
+from packer.imaging import plain, resizing
 from packer.store import ShardReader, open_shard_reader
 from packer.store.hdf5_store import checksummed_metadata
 from packer.store.manifest import Manifest, ShardInfo, Storage, file_checksum, read_manifest
@@ -340,6 +340,9 @@ def record_pixels(
         pixels = stored if size is None else resizing.resize(stored, size=size, fit=fit)
         return pixels.copy() if writable and pixels is stored else pixels
     if size is None:
-        return imaging.decode_array(bytes(record.data), mode, writable=writable)
+        data = bytes(record.data)
+        # A plain JPEG or PNG straight from its C decoder; anything else through Pillow.
+        fast = plain.pixels(data, mode)
+        return fast if fast is not None else imaging.decode_array(data, mode, writable=writable)
     pixels = imaging.decode_resized(bytes(record.data), mode, size=size, fit=fit)
     return pixels.copy() if writable and not pixels.flags.writeable else pixels
