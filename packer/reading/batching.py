@@ -312,7 +312,7 @@ def _one_image(
         return bytes(payload)  # decode=False: the encoded bytes, for the user's own decoder
     h, w, c = (int(v) for v in shape)
     record = Record(payload, (), window.paths[i], 0, (h, w, c), fmt)
-    return record_pixels(record, mode, writable, size, fit)
+    return record_pixels(record, mode, writable, size, fit, plain_first=True)
 
 
 class Stopped(Exception):

@@ -331,10 +331,14 @@ def record_pixels(
     writable: bool = True,
     size: tuple[int, int] | None = None,
     fit: str = "crop",
+    plain_first: bool = False,
 ) -> np.ndarray:
     """A record's image as height x width x channels uint8, upright, resized to ``size``
     (height, width) if given; ``writable=False`` where the caller copies it anyway (a view
-    of the payload or of Pillow's bytes: no copy)."""
+    of the payload or of Pillow's bytes: no copy). ``plain_first``: a plain JPEG or PNG
+    straight from its C decoder (packer.imaging.plain), the reader's path: libpng writes
+    its complaints about a damaged PNG to stderr before Pillow raises the error, which a
+    command's one-line errors must not have."""
     if record.format == "raw":
         stored = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
         pixels = stored if size is None else resizing.resize(stored, size=size, fit=fit)
@@ -342,7 +346,7 @@ def record_pixels(
     if size is None:
         data = bytes(record.data)
         # A plain JPEG or PNG straight from its C decoder; anything else through Pillow.
-        fast = plain.pixels(data, mode)
+        fast = plain.pixels(data, mode) if plain_first else None
         return fast if fast is not None else imaging.decode_array(data, mode, writable=writable)
     pixels = imaging.decode_resized(bytes(record.data), mode, size=size, fit=fit)
     return pixels.copy() if writable and not pixels.flags.writeable else pixels
