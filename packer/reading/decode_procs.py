@@ -1,9 +1,10 @@
 """Decoding in worker processes, and the choice between them and the decode threads.
 
-Threads serve large images well: libjpeg-turbo, zlib and CRC-32 release the GIL for the heavy
-part. A small image is the other way round: a 32x32 PNG decodes in ~70 us, most of it Python
-(Pillow's open, the record's checks) that holds the GIL, so threads take turns and two cores
-decode at the rate of one. Worker processes each have their own GIL.
+Threads serve large images well: libjpeg-turbo, libpng, zlib and CRC-32 release the GIL for
+the heavy part. A small image is the other way round: of a 32x32 PNG's ~30 us, half is the
+record's Python (checks, header, arrays) that holds the GIL, and so is whatever Python the
+training loop runs beside the reader: threads take turns. Worker processes each have their
+own GIL, and leave the training process's to the training loop.
 
     producer thread: read_window -> gather -> [bytes of one batch part] --pipe--> worker process
     worker process:  finish_batch (verify, decode, transform) -> one array --pipe--> merged batch
@@ -44,8 +45,9 @@ __all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "ProcessDecoder", "merge_parts
 
 DECODE_IN = ("threads", "processes")
 # Images of at most this many pixels on average (the store's own statistics) decode in
-# processes by default. scripts/bench_small_images.py: processes beat threads 2-3x at
-# 32x32 and 64x64; at ~400x350 the threads' GIL-free decode is as fast, without the copy.
+# processes by default. scripts/bench_small_images.py, reader alone: processes 1.0-1.1x the
+# threads at 32x32 and 64x64, and half their rate at 400x350, where copying the decoded
+# batch back from the workers costs more than the GIL does.
 SMALL_PIXELS = 128 * 128
 
 
