@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import msgpack
@@ -239,3 +240,32 @@ def test_by_default_a_store_is_read_ahead_when_memory_cannot_hold_it(
         for _ in reader.epoch(0):
             seen |= {t.name for t in threading.enumerate()}
     assert ("packer-read-ahead" in seen) is expected
+
+
+def test_auto_depth_reads_a_whole_window_ahead_within_a_quarter_of_memory() -> None:
+    mb = 1 << 20
+    assert readahead.auto_depth(8, 25 * mb, 8 << 30) == 8  # the next window, whole
+    assert readahead.auto_depth(8, 25 * mb, 400 * mb) == 4  # 100 MB: four 25 MB chunks
+    assert readahead.auto_depth(8, 25 * mb, 10 * mb) == readahead.MIN_DEPTH
+    assert readahead.auto_depth(8, 0, 10 * mb) == 8  # unknown chunk bytes: the window
+
+
+@pytest.mark.parametrize("memory, depth", [(1 << 40, 3), (1, readahead.MIN_DEPTH)])
+def test_by_default_the_next_window_is_read_ahead_as_memory_allows(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch, memory: int, depth: int
+) -> None:
+    """Decoding a window takes as long as reading one: the next window is read while this one
+    decodes, where memory allows (here: a store taken as larger than the memory there is)."""
+    depths = []
+
+    class Recorded(readahead.ReadAhead):
+        def __init__(self, path: Path, spans: Any, depth: int) -> None:
+            depths.append(depth)
+            super().__init__(path, spans, depth)
+
+    monkeypatch.setattr(produce, "ReadAhead", Recorded)
+    monkeypatch.setattr(produce, "memory_for_cache", lambda: memory)
+    monkeypatch.setattr(produce, "store_bytes", lambda path: memory + 1)
+    without = _epochs(stores["lmdb"], epochs=1, buffer_chunks=3, read_ahead=0, decode=False)
+    assert _epochs(stores["lmdb"], epochs=1, buffer_chunks=3, decode=False) == without
+    assert depths and set(depths) == {depth}  # the epoch, and the next one prefetched

@@ -35,7 +35,13 @@ from packer.reading.batching import (
     split_window,
 )
 from packer.reading.decode_procs import ProcessDecoder, choose, merge_parts
-from packer.reading.readahead import AUTO_DEPTH, SUPPORTED, ReadAhead, memory_for_cache, store_bytes
+from packer.reading.readahead import (
+    SUPPORTED,
+    ReadAhead,
+    auto_depth,
+    memory_for_cache,
+    store_bytes,
+)
 from packer.store.access import Store
 from packer.store.base import Fetched
 from packer.store.manifest import Manifest
@@ -61,6 +67,7 @@ class Producer:
     ) -> None:
         self.path, self.options, self.manifest = path, options, manifest
         self.parts = parts  # rank, world size, worker, workers
+        self._chunk_size = chunk_size
         self._chunks = plan.chunk_spans([s.num_records for s in manifest.shards], chunk_size)
         self._store: Store | None = None
         self._store_pid = -1
@@ -223,8 +230,12 @@ class Producer:
         if not spans or not SUPPORTED or self.manifest.backend == "pytables":
             return None
         depth = self.options.read_ahead
-        if depth is None:
-            depth = AUTO_DEPTH if store_bytes(self.path) > memory_for_cache() else 0
+        if depth is None:  # only where the page cache cannot serve the epoch
+            memory = memory_for_cache()
+            if store_bytes(self.path) <= memory:
+                return None
+            mean = (self.manifest.stats.get("payload_bytes") or {}).get("mean") or 0
+            depth = auto_depth(self.options.buffer_chunks, self._chunk_size * mean, memory)
         return ReadAhead(self.path, spans, depth) if depth else None
 
     def _finish_options(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from packer.reading.epoch import Span
 from packer.store.access import Store
 from packer.store.base import Fetched
 
-__all__ = ["ReadAhead", "SUPPORTED", "AUTO_DEPTH", "memory_for_cache", "store_bytes"]
+__all__ = ["ReadAhead", "SUPPORTED", "auto_depth", "memory_for_cache", "store_bytes"]
 
 # Consecutive reads of this size let the kernel's read-ahead grow its window and the page
 # cache's folios, so the device sees requests of 1 MB and more; one read of a whole range
@@ -36,7 +36,7 @@ __all__ = ["ReadAhead", "SUPPORTED", "AUTO_DEPTH", "memory_for_cache", "store_by
 # docs/benchmarks/storage.md).
 _STEP = 512 << 10
 _OPEN_FILES = 16
-AUTO_DEPTH = 2  # chunks read ahead by default: two keep a disk busy while one is taken
+MIN_DEPTH = 2  # chunks: two keep a disk busy while one is taken
 # POSIX with the kernel's advice (Linux, the BSDs); elsewhere the reader reads as it did.
 SUPPORTED = hasattr(os, "preadv") and hasattr(os, "posix_fadvise")
 
@@ -132,6 +132,18 @@ class ReadAhead:
 def store_bytes(path: Path) -> int:
     """Bytes of the files of the store at ``path``."""
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def auto_depth(window_chunks: int, chunk_bytes: float, memory: int) -> int:
+    """Chunks to read ahead of a store the page cache cannot hold: a whole shuffle window, so
+    that the next window is read while this one is decoded, in at most a quarter of
+    ``memory``, and never fewer than MIN_DEPTH.
+
+    Two chunks keep the disk busy while raw records are read, but decoding a window takes as
+    long as reading one: with two, the rest of each window was read while the decode threads
+    waited (decoded epochs at 0.6-0.7x of what the disk and the cores allowed)."""
+    fits = int(memory // 4 // max(chunk_bytes, 1.0))
+    return max(MIN_DEPTH, min(window_chunks, fits))
 
 
 def memory_for_cache() -> int:
