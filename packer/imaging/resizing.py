@@ -34,7 +34,9 @@ def _cv2() -> ModuleType:
 
 
 def opencv() -> ModuleType:
-    """The cv2 module, imported on first use (see ``load``)."""
+    """The cv2 module, imported on first use under the fork gate (see ``load``)."""
+    if _cv2.cache_info().currsize == 0:
+        load()
     return _cv2()
 
 

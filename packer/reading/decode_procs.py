@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -85,7 +85,9 @@ def _check_sendable(options: ReaderOptions) -> None:
     for name in ("transform", "collate"):
         function = getattr(options, name)
         try:
-            pickle.dumps(function)
+            # Serialised as the pool will send it, to this reader's own workers; nothing
+            # read from a store is ever unpickled (payloads travel as bytes).
+            ForkingPickler.dumps(function)
         except Exception as e:
             raise UsageError(
                 f"decode_in='processes' needs a {name} that can be sent to another process "

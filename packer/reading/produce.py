@@ -77,7 +77,7 @@ class Producer:
         self._processes: ProcessDecoder | None = None
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
-        if options.size is not None or options.decode:  # OpenCV decodes plain PNGs too
+        if options.size is not None:
             resizing.load()
         if options.output == "torch":
             import packer.reading.to_torch  # noqa: F401
