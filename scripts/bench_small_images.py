@@ -15,9 +15,10 @@ the folder, and packing memory per file, in one run.
          and to "processes", shown.
      Goal: defaults >= 1.5x the DataLoader on every corpus.
   2. --files N: packing N tiny PNGs (copies of 64 distinct 32x32 PNGs under new names, in
-     100 class folders), ``--check header``, in a fresh process: its peak RSS (VmHWM) and
+     100 class folders), ``--check header``, in a fresh process: its peak anonymous memory
+     (RssAnon, sampled; its RSS also counts the LMDB shard's pages it maps, shown too) and
      time; then ``packer inspect --json`` of the store and ``open_reader`` + ``len`` in fresh
-     processes, timed. Goal: peak RSS <= 300 MB for 1M files.
+     processes, timed. Goal: peak <= 300 MB for 1M files.
   3. --simulate N: the scan's file list of N entries (names like a folder of N files in 1,000
      class folders, built through the walk's own FileList builder, no file written) labelled,
      digested, shuffled and planned into shards as a pack does, in a fresh process: peak RSS
