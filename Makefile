@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml packer/__init__.py | cksu
 # the CPU build. 2.13.0 is pinned because this project's machines carry that wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-torch demo test test-slow lint fmt bench dist smoke clean
+.PHONY: install install-torch demo test test-slow lint fmt docs bench dist smoke clean
 
 install: $(STAMP)
 
@@ -24,15 +24,16 @@ $(STAMP): pyproject.toml packer/__init__.py
 install-torch: install
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
 
+# Ends with the point: one epoch read from the folder a file at a time and from each store,
+# under a simulated training step, with the share of time a GPU would wait for data.
 demo: install
 	rm -rf demo
-	$(BIN)/python scripts/make_demo_data.py demo/images --csv demo/labels.csv
+	$(BIN)/python scripts/make_demo_data.py demo/images --csv demo/labels.csv --per-class 250
 	$(BIN)/packer pack demo/images demo/demo.lmdb --seed 0
 	$(BIN)/packer pack demo/images demo/demo.h5 --labels demo/labels.csv --seed 0
 	$(BIN)/packer inspect demo/demo.lmdb
 	$(BIN)/packer inspect demo/demo.h5
-	$(BIN)/python scripts/read_store.py demo/demo.lmdb --epochs 2
-	$(BIN)/python scripts/read_store.py demo/demo.h5 --epochs 2
+	$(BIN)/python scripts/demo_compare.py demo/images demo/demo.lmdb demo/demo.h5
 
 test: install install-torch
 	$(BIN)/python -m pytest -q
@@ -41,16 +42,26 @@ test-slow: install install-torch
 	$(BIN)/python -m pytest -q -m slow -o addopts=""
 
 lint: install
-	$(BIN)/ruff check packer tests scripts
+	$(BIN)/ruff check packer tests scripts benchmarks
 	$(BIN)/mypy packer
 
 fmt: install
-	$(BIN)/ruff check --fix packer tests scripts
-	$(BIN)/ruff format packer tests scripts
+	$(BIN)/ruff check --fix packer tests scripts benchmarks
+	$(BIN)/ruff format packer tests scripts benchmarks
 
+# The documentation site in site/, built strictly: a broken link, anchor or API reference
+# fails. The docs extra (MkDocs, Material, mkdocstrings) goes into the same .venv.
+docs: install
+	$(BIN)/python -c "import mkdocs, material, mkdocstrings" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[docs]"
+	# No --quiet: it hides the warnings that --strict counts, and a broken link then passes.
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Each script rewrites its results page under docs/benchmarks/ (and its chart: the bench extra).
 bench: install install-torch
-	$(BIN)/python scripts/bench_pack.py
-	$(BIN)/python scripts/bench_reader.py
+	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python benchmarks/bench_pack.py
+	$(BIN)/python benchmarks/bench_reader.py
+	$(BIN)/python benchmarks/bench_store_size.py
 
 # The wheel and the sdist in dist/, by the standard front end; their metadata and contents
 # checked (twine, scripts/check_dist.py).
@@ -65,4 +76,4 @@ smoke: dist
 	PYTHON=$(PYTHON) bash scripts/smoke_dist.sh dist
 
 clean:
-	rm -rf $(VENV) demo build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache

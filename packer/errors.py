@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "PackerError",
     "UsageError",
+    "StateError",
     "SourceError",
     "EmptySourceError",
     "LabelsError",
@@ -25,6 +26,10 @@ class PackerError(Exception):
 
 class UsageError(PackerError):
     """An option value that cannot work (bad size string, unknown encoding, ...)."""
+
+
+class StateError(UsageError):
+    """A saved reader state that is damaged, or belongs to another run (store, seed, ...)."""
 
 
 class SourceError(PackerError):

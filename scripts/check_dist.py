@@ -24,7 +24,12 @@ PACKAGE = sorted(
     if p.suffix in (".py", ".typed") and "__pycache__" not in p.parts
 )
 SDIST_EXTRA = ["CHANGELOG.md", "LICENSE", "README.md", "pyproject.toml", "docs/install.md"]
-SDIST_EXTRA += ["tests/conftest.py", "scripts/smoke_installed.py"]
+SDIST_EXTRA += [
+    "tests/conftest.py",
+    "scripts/smoke_installed.py",
+    "mkdocs.yml",
+    "benchmarks/reporting.py",
+]
 METADATA = {
     "Name": DISTRIBUTION,
     "Version": __version__,

@@ -1,6 +1,6 @@
 """Fault injection: a real ``packer pack`` killed with SIGKILL at random moments, then run
 again until it finishes (scripts/kill_pack.py; run it with more kills for the figures in
-RELIABILITY.md). The store must come out whole, identical, with nothing lost."""
+docs/reliability.md). The store must come out whole, identical, with nothing lost."""
 
 from __future__ import annotations
 

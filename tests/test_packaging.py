@@ -17,10 +17,11 @@ import h5py
 import lmdb
 import numpy
 import PIL
+import pytest
 from PIL import features
 
 import packer
-from packer import PackOptions, pack
+from packer import PackerError, PackOptions, pack
 from packer.about import DISTRIBUTION, install_hint
 from packer.cli import cli
 from packer.store.manifest import FORMAT_VERSION
@@ -132,11 +133,41 @@ def test_dask_without_dask_is_one_line_naming_the_extra(image_dir: Path, tmp_pat
     assert not out.exists() and list(tmp_path.iterdir()) == [image_dir]
 
 
+def test_dask_without_dask_is_refused_before_the_scan(image_dir: Path, tmp_path: Path) -> None:
+    """The scan of a large folder takes minutes: the missing extra is said before it starts.
+    The labels file is broken, so a scan that ran first would fail on it instead."""
+    labels = tmp_path / "labels.csv"
+    labels.write_text("no,such\ncolumns,here\n")
+    code = (
+        "from packer import PackOptions, PackerError, pack\n"
+        "try:\n"
+        f"    pack({str(image_dir)!r}, {str(tmp_path / 'out.lmdb')!r},\n"
+        f"         PackOptions(dask='local:1', workers=1, labels={str(labels)!r}))\n"
+        "except PackerError as e:\n"
+        "    print(e)\n"
+    )
+    done = _without("distributed", code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"--dask needs Dask's distributed scheduler: {install_hint('dask')}\n"
+    # Without --dask the same pack fails on the labels: the order above is what the test shows.
+    with pytest.raises(PackerError, match="labels.csv"):
+        pack(image_dir, tmp_path / "here.lmdb", PackOptions(workers=1, labels=labels))
+
+
+def test_torch_dataset_without_torch_names_the_extra() -> None:
+    done = _without("torch", "from packer.torch_adapter import TorchDataset")
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"ModuleNotFoundError: packer.torch_adapter needs PyTorch: {install_hint('torch')}"
+    )
+
+
 def test_every_install_instruction_names_this_distribution() -> None:
     """`packer` on the package index is another project: no message or document may tell a
     user to install it."""
     files = [ROOT / "Makefile", *ROOT.glob("*.md"), *ROOT.glob("docs/*.md")]
-    files += [*ROOT.glob("packer/**/*.py"), *ROOT.glob("scripts/*")]
+    files += [*ROOT.glob("packer/**/*.py"), *ROOT.glob("scripts/*"), *ROOT.glob("benchmarks/*")]
     wrong = []
     for path in files:
         for command in re.findall(r"pip install [^\n`\"]*", path.read_text(encoding="utf-8")):

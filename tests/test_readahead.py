@@ -1,7 +1,7 @@
 """Reading ahead: the bytes a reader takes from the read-ahead thread are the bytes of the
 records it names, on every path (LMDB values with recorded places, LMDB values without, HDF5
 flat and raw payloads, compressed HDF5), and an epoch read with it is the epoch read without.
-How fast it reads is measured in scripts/bench_storage.py, not here."""
+How fast it reads is measured in benchmarks/bench_storage.py, not here."""
 
 from __future__ import annotations
 

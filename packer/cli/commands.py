@@ -18,6 +18,7 @@ from packer.cli.version import version_lines, versions
 from packer.errors import PackerError, PackInterrupted, UsageError
 from packer.inspect import look, shuffle_report
 from packer.inspect.convert import convert_store
+from packer.inspect.mix_report import mixture_epoch
 from packer.inspect.summary import describe_store
 from packer.inspect.unpack import unpack_store
 from packer.packing.options import PackOptions
@@ -296,7 +297,7 @@ def _print_pack_summary(result: PackResult) -> None:
 
 
 @cli.command("inspect")
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("stores", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--verify", is_flag=True, help="Read every record: checksums, decoding, shard hashes."
 )
@@ -357,18 +358,36 @@ def _print_pack_summary(result: PackResult) -> None:
     is_flag=True,
     help="Read the store cold three ways (its files, the reader, decoding): which is the limit.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="With --grid or --shuffle.")
+@click.option(
+    "--mix",
+    metavar="W1,W2,...",
+    help="Several stores: what an epoch of their mixture with these weights would hold, "
+    "per store and class.",
+)
+@click.option(
+    "--epoch-size",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With --mix: records per epoch [default: until the scarcest store has given each once].",
+)
+@click.option(
+    "--epoch", type=click.IntRange(min=0), default=0, show_default=True, help="With --mix."
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="With --grid, --shuffle or --mix."
+)
 @click.option("--images", metavar="NODE", help="A plain HDF5 file: the image array, e.g. /samples.")
 @click.option("--labels", metavar="NODE", help="A plain HDF5 file: the label array, e.g. /labels.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def inspect_command(
-    store: Path, images: str | None, labels: str | None, as_json: bool, **what: Any
+    stores: tuple[Path, ...], images: str | None, labels: str | None, as_json: bool, **what: Any
 ) -> None:
     """Show what is in STORE: records, shards, classes, sizes, how it was made; or, with one of
     the options, verify it, list or extract records, draw samples, measure the shuffle or the
     read speed.
 
-    STORE is a packer store, or a plain HDF5 file with an image array and a label array.
+    STORE is a packer store, or a plain HDF5 file with an image array and a label array;
+    several stores with --mix.
 
     \b
     Example:
@@ -379,16 +398,35 @@ def inspect_command(
         packer inspect out.lmdb --extract 12 twelve.jpg
         packer inspect out.lmdb --shuffle --chunk-size 512 --buffer-chunks 8
         packer inspect train.h5 --images /samples --labels /labels
+        packer inspect photos.lmdb sketches.h5 --mix 0.7,0.3
     """
     check_seed(what["seed"])
     actions = [
         a
-        for a in ("verify", "grid", "head", "index", "extract", "shuffle", "bench")
+        for a in ("verify", "grid", "head", "index", "extract", "shuffle", "bench", "mix")
         if what[a] not in (None, False)
     ]
     if len(actions) > 1 and set(actions) != {"head", "index"}:
         raise UsageError(f"choose one of --{', --'.join(actions)}")
     action = actions[0] if actions else "summary"
+    if action == "mix":
+        result = mixture_epoch(
+            stores,
+            _weights(what["mix"], len(stores)),
+            epoch_size=what["epoch_size"],
+            seed=what["seed"],
+            epoch=what["epoch"],
+            images=images,
+            labels=labels,
+        )
+        if as_json:
+            _echo_json(result)
+        else:
+            views.print_mixture(result)
+        return
+    if len(stores) > 1:
+        raise UsageError(f"{len(stores)} stores given: inspect takes one, or several with --mix")
+    (store,) = stores
     if action == "verify":
         _inspect_verify(store, not what["no_decode"], what["workers"], as_json)
         return
@@ -433,6 +471,17 @@ def _look(store: Store, action: str, what: dict[str, Any]) -> Any:
             batch_size=what["batch_size"],
         )
     return look.bench_store(store, batch_size=what["batch_size"])
+
+
+def _weights(text: str, count: int) -> list[float]:
+    """``--mix 0.7,0.3``: one weight per store, in their order."""
+    try:
+        weights = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--mix takes numbers separated by commas, not {text!r}") from None
+    if len(weights) != count:
+        raise UsageError(f"--mix gives {len(weights)} weights for {count} stores: one per store")
+    return weights
 
 
 def _inspect_verify(store: Path, decode: bool, workers: int, as_json: bool) -> None:

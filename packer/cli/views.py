@@ -175,6 +175,24 @@ def print_look(action: str, result: Any) -> None:
         echo(f"JPEGs decoded by {fast['jpeg']}; CRC-32 by {fast['crc32']}")
 
 
+def print_mixture(result: dict[str, Any]) -> None:
+    """What `packer inspect A B --mix ...` prints: an epoch of the mixture, store by store."""
+    echo = click.echo
+    echo(f"epoch {result['epoch']} (seed {result['seed']}): {result['records']:,} records")
+    for source in result["sources"]:
+        echo(
+            f"  {source['name']}: {source['records']:,} records, {source['share']:.1%} "
+            f"(weight {source['weight']:.1%}); {source['passes']:.2f}x its "
+            f"{source['store_records']:,} records, {source['distinct']:,} distinct"
+        )
+        classes = sorted(source["classes"].items(), key=lambda kv: -kv[1])
+        for name, count in classes[:20]:
+            share = count / source["records"] if source["records"] else 0.0
+            echo(f"      {name:<24} {count:>10,}  {share:6.1%}")
+        if len(classes) > 20:
+            echo(f"      ... and {len(classes) - 20} more classes (--json lists all)")
+
+
 def _print_shuffle(result: dict[str, Any]) -> None:
     echo = click.echo
     stored, reader = result["stored"], result["reader"]

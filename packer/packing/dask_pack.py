@@ -28,7 +28,7 @@ from packer.packing.prepare import prepare_file
 from packer.packing.shard_job import PackContext, ShardJob, hashed, to_record, write_shard
 from packer.store import open_shard_reader
 
-__all__ = ["write_on_cluster", "connect"]
+__all__ = ["write_on_cluster", "connect", "require_dask"]
 
 log = logging.getLogger(__name__)
 
@@ -111,16 +111,24 @@ def _check(job: ShardJob, result: ShardResult, backend: str) -> None:
         )
 
 
-@contextmanager
-def connect(address: str) -> Iterator[Any]:
-    """A Dask client: ``local:N`` starts a cluster of N worker processes on this machine;
-    anything else is a scheduler address (``tcp://host:8786``)."""
+def require_dask() -> None:
+    """Refuse a Dask pack where the ``dask`` extra is missing: called before the folder is
+    scanned, so the user learns what to install at once, not after minutes of work."""
     try:
-        from distributed import Client, LocalCluster
+        import distributed  # noqa: F401
     except ImportError:
         raise UsageError(
             f"--dask needs Dask's distributed scheduler: {install_hint('dask')}"
         ) from None
+
+
+@contextmanager
+def connect(address: str) -> Iterator[Any]:
+    """A Dask client: ``local:N`` starts a cluster of N worker processes on this machine;
+    anything else is a scheduler address (``tcp://host:8786``)."""
+    require_dask()
+    from distributed import Client, LocalCluster
+
     if address.startswith("local:"):
         try:
             workers = int(address.split(":", 1)[1])

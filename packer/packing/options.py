@@ -113,6 +113,7 @@ class PackOptions:
 
     @property
     def num_workers(self) -> int:
+        """Worker processes a pack starts: ``workers``, or every core this process may use."""
         return self.workers or default_workers()
 
     def fixed_shape(self) -> list[int] | None:
@@ -122,6 +123,7 @@ class PackOptions:
         return None
 
     def to_json(self) -> dict[str, Any]:
+        """The options as JSON-ready values, as the manifest records them."""
         data = asdict(self)
         data["size"] = list(self.size) if self.size else None
         data["labels"] = str(self.labels)

@@ -78,6 +78,9 @@ ProgressFn = Callable[[Progress], None]
 
 @dataclass
 class PackResult:
+    """What ``pack`` did: the store and its manifest, how long it took, the files it skipped
+    and why, and what a resumed or appending pack kept or added."""
+
     store: Path
     manifest: Manifest
     seconds: float
@@ -91,9 +94,11 @@ class PackResult:
     already_added: str | None = None
 
     def skipped_by_reason(self) -> Counter[str]:
+        """How many files were skipped for each kind of reason."""
         return Counter(s.reason.split(":", 1)[0] for s in self.skipped)
 
     def to_json(self) -> dict[str, Any]:
+        """The summary ``packer pack --json`` prints."""
         m = self.manifest
         packed_now = m.num_records - self.appended_to - self.kept_records
         return {
@@ -149,6 +154,10 @@ def pack(
     source, output = Path(source), Path(output)
     options = options or PackOptions(backend=backend_for_path(output) or "lmdb")
     _check_paths(source, output)
+    if options.dask:
+        from packer.packing.dask_pack import require_dask  # Dask is an optional extra
+
+        require_dask()  # before the scan, which can take minutes
     src = load_source(
         source,
         options.labels,
@@ -422,7 +431,7 @@ def _plain_sample(root: Path, items: FileList, options: PackOptions) -> bool:
     packer.imaging.headers, and Pillow for the rest) a window of tasks ahead of the reads, as a full
     check runs: the pool's start with forkserver later, once threads run (~0.3 s), and its
     answers coming behind the reads made a folder of odd files 2.3 and 1.15 times slower
-    (PERFORMANCE.md)."""
+    (docs/design-notes.md)."""
     for path in (os.path.join(root, item.path) for item in items[:_SAMPLE]):
         try:
             if headers.vouch_file(path, options.max_pixels) is None:
@@ -443,7 +452,7 @@ def _read_and_vouch(
     Each file is read first, then its header checked where its bytes are by
     packer.imaging.headers, which vouches for plain JPEGs and PNGs exactly as Pillow would; only
     the files it leaves to Pillow go to the pool. (Probing every file in the pool made a
-    warm pack take half as long again as no check at all: PERFORMANCE.md.) A piece waits
+    warm pack take half as long again as no check at all: docs/design-notes.md.) A piece waits
     for the pool's answers while the pieces after it are read, up to _AHEAD_BYTES of them.
     """
     # Offsets of each file in the stream of bytes to read: 8 bytes a file, not a list of

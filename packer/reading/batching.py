@@ -67,6 +67,7 @@ class Batch:
     paths: list[str]
     skipped: int  # records dropped from this batch by on_error="skip"
     nbytes: int  # payload bytes read for it
+    sources: Any = None  # a mixture's: the store each record came from (ndarray, or tensor)
 
 
 def read_window(

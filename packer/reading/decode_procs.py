@@ -45,7 +45,7 @@ __all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "ProcessDecoder", "merge_parts
 
 DECODE_IN = ("threads", "processes")
 # Images of at most this many pixels on average (the store's own statistics) decode in
-# processes by default. scripts/bench_small_images.py, reader alone: processes 1.0-1.1x the
+# processes by default. benchmarks/bench_small_images.py, reader alone: processes 1.0-1.1x the
 # threads at 32x32 and 64x64, and half their rate at 400x350, where copying the decoded
 # batch back from the workers costs more than the GIL does.
 SMALL_PIXELS = 128 * 128
@@ -125,9 +125,14 @@ class ProcessDecoder:
     """
 
     def __init__(
-        self, workers: int, path: Path, manifest: Manifest, finish: dict[str, Any], stack: bool
+        self, workers: int, stores: list[tuple[Path, Manifest, dict[str, Any]]], stack: bool
     ) -> None:
-        names = _Names(str(path), _Shards([_ShardFile(s.file) for s in manifest.shards]))
+        """``stores``: each store the reader reads (a mixture has several), with finish_batch's
+        keywords for it but the store and the stop event."""
+        given = [
+            (_Names(str(path), _Shards([_ShardFile(s.file) for s in manifest.shards])), finish)
+            for path, manifest, finish in stores
+        ]
         kernel = threading.current_thread() is threading.main_thread()
         methods = multiprocessing.get_all_start_methods()
         method = "fork" if "fork" in methods else "spawn"
@@ -138,18 +143,19 @@ class ProcessDecoder:
             workers,
             multiprocessing.get_context(method),
             initializer=_init_worker,
-            initargs=(names, finish, stack, os.getpid(), kernel),
+            initargs=(given, stack, os.getpid(), kernel),
         )
         self.pid = os.getpid()
         self._pool.submit(int).result()  # with fork, the first task starts every worker
 
-    def submit(self, part: Window) -> Future[Batch]:
-        """Finish ``part`` in a worker; its payloads travel as bytes (not views of a map).
+    def submit(self, store: int, part: Window) -> Future[Batch]:
+        """Finish ``part``, records of the reader's ``store``-th store, in a worker; its
+        payloads travel as bytes (not views of a map).
         What the worker logged (records skipped with on_error="skip") is logged here, as
         the threads would have logged it."""
         if not isinstance(part.data, np.ndarray):
             part = replace(part, data=[p if isinstance(p, bytes) else bytes(p) for p in part.data])
-        inner = self._pool.submit(_finish_part, part)
+        inner = self._pool.submit(_finish_part, store, part)
         outer: Future[Batch] = Future()
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
         inner.add_done_callback(partial(_settle, outer))
@@ -206,15 +212,15 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-_worker: tuple[_Names, dict[str, Any], bool] | None = None
+_worker: tuple[list[tuple[_Names, dict[str, Any]]], bool] | None = None
 _collected = _Collect()
 
 
 def _init_worker(
-    names: _Names, finish: dict[str, Any], stack: bool, parent: int, kernel: bool
+    stores: list[tuple[_Names, dict[str, Any]]], stack: bool, parent: int, kernel: bool
 ) -> None:
     global _worker
-    _worker = (names, finish, stack)
+    _worker = (stores, stack)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
     logger = logging.getLogger("packer")  # every record goes back to the reader's process
     logger.handlers, logger.propagate = [_collected], False
@@ -222,9 +228,10 @@ def _init_worker(
     die_with_parent(parent, kernel)
 
 
-def _finish_part(part: Window) -> tuple[Batch, list[logging.LogRecord]]:
+def _finish_part(store: int, part: Window) -> tuple[Batch, list[logging.LogRecord]]:
     assert _worker is not None, "not a decode worker"
-    names, finish, stack = _worker
+    stores, stack = _worker
+    names, finish = stores[store]
     _collected.records = []
     batch = finish_batch(part, store=cast("Store", names), **finish)
     return (merge_batches([batch], stack) if stack else batch), _collected.records

@@ -31,6 +31,8 @@ __all__ = [
     "windows",
     "window_order",
     "share_size",
+    "share_bounds",
+    "cut",
 ]
 
 REMAINDERS = ("drop", "pad", "uneven")
@@ -58,9 +60,10 @@ def chunk_spans(shard_sizes: Sequence[int], chunk_size: int) -> list[Span]:
     ]
 
 
-def shuffled_chunks(spans: Sequence[Span], seed: int, epoch: int) -> list[Span]:
+def shuffled_chunks(spans: Sequence[Span], seed: int, epoch: int, *more: int) -> list[Span]:
+    """The chunks in the order of ``epoch``; ``more`` tells apart the stores of a mixture."""
     # Seeded by the pair, not seed + epoch: (seed 1, epoch 2) and (seed 2, epoch 1) differ.
-    rng = np.random.default_rng([seed, epoch])
+    rng = np.random.default_rng([seed, epoch, *more])
     return [spans[i] for i in rng.permutation(len(spans))]
 
 
@@ -90,21 +93,27 @@ def take_share(
     if not 0 <= part < parts:
         raise ValueError(f"part {part} is out of range for {parts} parts")
     total = sum(len(s) for s in spans)
-    if remainder == "uneven":
-        begin = part * total // parts
-    else:
-        begin = part * share_size(total, parts, part, remainder)
-    end = begin + share_size(total, parts, part, remainder)
+    begin, end = share_bounds(total, part, parts, remainder)
     out: list[Span] = []
     while begin < end:  # "pad" wraps around to the start of the order
         start = begin % total
         count = min(end - begin, total - start)
-        out += _cut(spans, start, count)
+        out += cut(spans, start, count)
         begin += count
     return out
 
 
-def _cut(spans: Sequence[Span], begin: int, count: int) -> list[Span]:
+def share_bounds(total: int, part: int, parts: int, remainder: str) -> tuple[int, int]:
+    """Where share ``part`` of ``parts`` begins and ends in a sequence of ``total`` records;
+    with "pad" the end may pass ``total`` (the share then wraps round to the start)."""
+    if remainder == "uneven":
+        begin = part * total // parts
+    else:
+        begin = part * share_size(total, parts, part, remainder)
+    return begin, begin + share_size(total, parts, part, remainder)
+
+
+def cut(spans: Sequence[Span], begin: int, count: int) -> list[Span]:
     """The spans covering records begin .. begin + count of the sequence ``spans``."""
     out, position = [], 0
     for span in spans:

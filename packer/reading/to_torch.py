@@ -52,6 +52,8 @@ class BatchMover:
 
     def __call__(self, batch: Batch) -> tuple[Batch, Callable[[], None] | None]:
         images, labels = _tensor(batch.images), torch.from_numpy(batch.labels)
+        if batch.sources is not None:  # a mixture's store of each record: small, kept on the CPU
+            batch = replace(batch, sources=torch.from_numpy(batch.sources))
         if self.pin:
             images = (
                 [i.pin_memory() for i in images]

@@ -137,6 +137,9 @@ def _check_unprotected_hdf5(store: Path, info: ShardInfo) -> None:
 
 
 class Store:
+    """Random access to a store's records by index (``store[i]``, ``len(store)``); made by
+    ``open_store``. Safe to use in a forked process: each process opens its own shards."""
+
     def __init__(
         self, path: Path | str, *, images: str | None = None, labels: str | None = None
     ) -> None:
@@ -289,6 +292,7 @@ class Store:
         return pixels, np.array(record.labels, dtype=np.int64)
 
     def close(self) -> None:
+        """Close the shard files this process opened (also on leaving ``with``)."""
         if os.getpid() == self._pid:
             for reader in self._readers.values():
                 reader.close()

@@ -24,7 +24,7 @@ their metadata has no checksums, so packer checks such a file's hash before libh
 (``checksummed_metadata``; ``packer.store.access``).
 
 One flat byte dataset plus offsets, not a vlen dataset: a range of records is then one
-contiguous slice, read in one call and split without copying (scripts/bench_hdf5_layout.py
+contiguous slice, read in one call and split without copying (benchmarks/bench_hdf5_layout.py
 measures the two).
 """
 
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 # HDF5 chunk of the payload dataset: 16 MiB reads fastest (2.4x a vlen dataset, and on par
-# with a contiguous one; scripts/bench_hdf5_layout.py), smaller for a small shard, whose last
+# with a contiguous one; benchmarks/bench_hdf5_layout.py), smaller for a small shard, whose last
 # chunk would otherwise be mostly empty space.
 _MAX_CHUNK_BYTES = 16 << 20
 _MIN_CHUNK_BYTES = 64 << 10
@@ -302,7 +302,7 @@ _KEEP_SIZE = 1  # FALLOC_FL_KEEP_SIZE, <linux/falloc.h>
 # Blocks are held in steps this large: held a few MB at a time, ahead of libhdf5's 2 MB
 # writes into 16 MB chunks, a shard's blocks came out of order on the disk, and reading the
 # file in order made requests of 130 KB on average (a 7200 rpm disk read it at a sixth of its
-# speed: scripts/bench_storage.py).
+# speed: benchmarks/bench_storage.py).
 _HOLD_STEP = 64 << 20
 
 
@@ -498,7 +498,7 @@ class Hdf5ShardReader:
         self.path = path
         # No chunk cache for uncompressed data: a read slices straight from the file. With the
         # default 8 MiB cache, shuffled sub-chunk reads pulled whole 4-16 MiB chunks each time
-        # (scripts/bench_reader.py: raw epochs twice as fast without it).
+        # (benchmarks/bench_reader.py: raw epochs twice as fast without it).
         self._file = h5py.File(path, "r", locking=False, rdcc_nbytes=0)
         try:
             self.meta: dict[str, Any] = json.loads(self._file.attrs["packer"])

@@ -10,7 +10,7 @@ digit key) holds the shard's own metadata. Two value layouts:
   ``GROUP`` records share one ``__columns__<first index>`` key holding their labels,
   CRC-32s and paths as msgpack. A chunk is then read by copying values, with no
   per-record parsing: raw records are small, so per-record work would cost more than
-  the bytes (scripts/bench_reader.py).
+  the bytes (benchmarks/bench_reader.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ PLACES = "value_places"
 # but a large one holds its values and LMDB's dirty pages until it ends, and glibc hands
 # that much freed memory back to the OS, so the next batch page-faults all of it afresh:
 # at 64 MB, a --check header pack of 216 MB took about twice as long (by hand), and bare
-# LMDB writes 1.86x a plain write against 0.92x at 1 MB (scripts/bench_lmdb_write.py).
+# LMDB writes 1.86x a plain write against 0.92x at 1 MB (benchmarks/bench_lmdb_write.py).
 _COMMIT_BYTES = 1 << 20
 _COMMIT_RECORDS = 8192
 # Records per column group in the "columns" layout: the writer holds one group's labels,

@@ -118,6 +118,9 @@ class Storage:
 
 @dataclass
 class Manifest:
+    """A store's manifest.json: what it holds (records, shards with their hashes, classes,
+    label columns), how it was made (options, source, packer version) and every skipped file."""
+
     backend: str
     num_records: int
     shards: list[ShardInfo]
@@ -144,6 +147,7 @@ class Manifest:
         return starts
 
     def to_json(self) -> dict[str, Any]:
+        """The manifest as written to manifest.json."""
         data = asdict(self)
         # The identifying fields first, so `head manifest.json` says what this is.
         head = {k: data.pop(k) for k in ("format", "format_version", "backend", "num_records")}

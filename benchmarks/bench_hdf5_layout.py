@@ -25,8 +25,8 @@ Writes land in the page cache too (no fsync) and are noisy on a shared box.
 Files are opened with h5py's default 1 MiB chunk cache (rdcc_nbytes).
 
 Run (1 MB = 10**6 bytes):
-    python scripts/bench_hdf5_layout.py                      # ~1 GB, table
-    python scripts/bench_hdf5_layout.py --total-mb 50 --repeat 1 --json
+    python benchmarks/bench_hdf5_layout.py                      # ~1 GB, table
+    python benchmarks/bench_hdf5_layout.py --total-mb 50 --repeat 1 --json
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import reporting
 
 KIB = 1024
 MB = 1_000_000
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(rep: dict[str, Any]) -> None:
     p5, p95 = (x / 1e3 for x in rep["record_bytes_p5_p95"])
+    print(reporting.header("HDF5 layouts", reporting.command(__file__)))
     print(
         f"{rep['records']} records, {rep['payload_bytes'] / MB:.0f} MB; record size "
         f"median {rep['record_bytes_median'] / 1e3:.0f} KB, p5..p95 {p5:.0f}..{p95:.0f} KB"

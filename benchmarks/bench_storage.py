@@ -26,8 +26,8 @@ Then, for each profile (hdd, nas, cloud), memory capped at half the store:
 Every figure comes from one run, side by side; the table goes to docs/benchmarks/storage.md
 (or --out) with the machine, the command and the date.
 
-    sudo python scripts/bench_storage.py                 # ~30 minutes, 8 GB of disk
-    sudo python scripts/bench_storage.py --quick         # a smaller set, one profile
+    sudo python benchmarks/bench_storage.py                 # ~30 minutes, 8 GB of disk
+    sudo python benchmarks/bench_storage.py --quick         # a smaller set, one profile
 """
 
 from __future__ import annotations
@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
-import shlex
 import shutil
 import subprocess
 import sys
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import reporting
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT.parent / "shared" / "tools" / "slow-storage"
@@ -321,13 +320,7 @@ def _cells(values: list[float] | None, form: str) -> str:
 
 def render(report: dict[str, Any], command: str) -> str:
     lines = [
-        "# Benchmark: data larger than memory, on slow storage",
-        "",
-        f"Machine: {platform.node() or 'unnamed'}, {platform.machine()}, {os.cpu_count()} cores, "
-        f"Linux {platform.release()}, Python {platform.python_version()}. "
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-        "",
-        f"Command: `{command}`",
+        reporting.header("Benchmark: data larger than memory, on slow storage", command).rstrip(),
         "",
         f"{report['photos']:,} photo-like JPEGs (about 90 KB each), packed with default "
         f"options into a {report['store_bytes'] / 1e9:.2f} GB store, on an ext4 file system on "
@@ -389,6 +382,19 @@ def render(report: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def loaders_chart(report: dict[str, Any], path: Path) -> bool:
+    """Images a second by loader and storage profile, the second table as bars."""
+    profiles = list(report["profiles"])
+    rates = {
+        "one-by-one Pillow loop": [_rate(report["profiles"][p]["loop"]) or 0 for p in profiles],
+        "DataLoader over the folder": [
+            _rate(report["profiles"][p]["dataloader"]) or 0 for p in profiles
+        ],
+        "packer (LMDB)": [_rate(report["profiles"][p]["lmdb"]["decoded"]) or 0 for p in profiles],
+    }
+    return reporting.bar_chart(path, "Decoded to 224x224, by storage", "images/s", profiles, rates)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tool", default=str(TOOL), help="the slow-storage tool")
@@ -429,8 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep and not mounted:
             subprocess.run([args.tool, "down", str(mount)], check=False)
     report.update(photos=args.photos, pack_photos=args.pack_photos)
-    command = "python scripts/bench_storage.py " + shlex.join(argv or sys.argv[1:])
-    text = render(report, command.strip())
+    text = render(report, reporting.command(__file__, argv))
+    chart = Path(args.out).with_suffix(".svg")
+    if loaders_chart(report, chart):
+        text += f"\n![Images a second by loader and storage profile]({chart.name})\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(json.dumps(report, indent=1) if args.json else text)

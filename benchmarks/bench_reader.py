@@ -38,9 +38,9 @@ compares runs made side by side. Reader runs: batch 256, shuffle=True, one epoch
 
 Image files and stores are warm in the page cache: reads cost memory copies, not disk.
 
-    python scripts/bench_reader.py               # ~3 minutes, plus packing the first time
-    python scripts/bench_reader.py --quick       # smoke test, < 60 s
-    python scripts/bench_reader.py --memory --repeat 5 --json
+    python benchmarks/bench_reader.py               # ~3 minutes, plus packing the first time
+    python benchmarks/bench_reader.py --quick       # smoke test, < 60 s
+    python benchmarks/bench_reader.py --memory --repeat 5 --json
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ import math
 import os
 import platform
 import random
-import shlex
 import shutil
 import subprocess
 import sys
@@ -69,6 +68,7 @@ from typing import Any
 import h5py
 import lmdb
 import numpy as np
+import reporting
 import simplejpeg
 from PIL import Image
 
@@ -77,7 +77,7 @@ from packer.arguments import default_workers, parse_hw
 from packer.store import lmdb_store
 from packer.store.manifest import FORMAT_VERSION, MANIFEST_NAME
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
 
 DEFAULT_IMAGES, QUICK_IMAGES, RAW_EPOCHS, OVERLAP_EPOCHS = 3000, 300, 10, 3
@@ -637,6 +637,48 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def page(report: dict[str, Any]) -> str:
+    """The results page (docs/benchmarks/reading.md): the same figures as Markdown tables."""
+    d = report["data"]
+    text = reporting.header(
+        "Reading: packer against bare reads and a DataLoader", report["command"]
+    )
+    text += (
+        f"{d['images']:,} generated images ({d['formats']}; {d['mb']:.1f} MB, sides "
+        f"{d['size_range'][0]}-{d['size_range'][1]} px); raw stores {d['raw_size']} px; "
+        f"a simulated step of {report['step_ms']:.1f} ms a batch; best of {report['repeat']}.\n\n"
+        + "".join(f"- {note}\n" for note in report["notes"])
+        + "\n"
+    )
+    rows = [
+        [
+            name,
+            f"{row['seconds']:.3f}",
+            f"{row['images_per_s']:,.0f}" if row["images_per_s"] else "",
+            f"{row['wait_share']:.2f}" if "wait_share" in row else "",
+        ]
+        for name, row in report["timings"].items()
+    ]
+    text += reporting.table(["run", "seconds", "images/s", "waiting share"], rows)
+    memory = report.get("memory")
+    if memory:
+        rows = [
+            [r["backend"], f"{r['images']:,}", r["chunk_size"], f"{r['hwm'] / 1e6:.1f}"]
+            for r in memory["rows"]
+        ]
+        text += reporting.table(["backend", "images", "chunk", "peak RSS, MB"], rows)
+    goals = [
+        [
+            t["name"],
+            f"{t['ratio']:.3f}",
+            "" if t["target"] is None else f"{'<=' if t['lower'] else '>='} {t['target']}",
+            "shown" if t["pass"] is None else "met" if t["pass"] else "NOT MET",
+        ]
+        for t in report["targets"] + (memory["targets"] if memory else [])
+    ]
+    return text + reporting.table(["goal", "ratio", "target", "verdict"], goals)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add = parser.add_argument
@@ -651,6 +693,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--quick", action="store_true", help=f"{QUICK_IMAGES} images, 1 repeat: a smoke test")
     add("--memory", action="store_true", help="also part 5: peak RSS at 10k vs 100k images")
     add("--json", action="store_true", help="print one JSON object instead of the table")
+    add("--out", type=Path, default=None, help="results page (default: docs' unless --quick)")
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (1 if args.quick else 3)
     args.images = args.images or (QUICK_IMAGES if args.quick else DEFAULT_IMAGES)
@@ -677,9 +720,7 @@ def pack_stores(args: argparse.Namespace, data: Folder, at: Path) -> dict[str, P
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = shlex.join(
-        ["python", "scripts/bench_reader.py", *(sys.argv[1:] if argv is None else argv)]
-    )
+    command = reporting.command(__file__, argv)
     name = "quick" if args.quick else f"images-{args.images}"
     data = prepare_folder(args.workdir / name, args.images, tuple(args.size_range))
     stores = pack_stores(args, data, args.workdir / "stores" / name)
@@ -719,6 +760,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory:
         report["memory"] = memory_part(args)
     print(json.dumps(report, indent=1) if args.json else render(report))
+    out = args.out or (None if args.quick else reporting.DOCS / "reading.md")
+    if out is not None:
+        reporting.write(out, page(report))
     return 0
 
 

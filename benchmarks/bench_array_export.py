@@ -1,6 +1,6 @@
 """A decoded RGB image into a NumPy array: Pillow's ``tobytes`` against its Arrow export.
 
-    python scripts/bench_array_export.py [--side 400] [--repeat 200]
+    python benchmarks/bench_array_export.py [--side 400] [--repeat 200]
 
 The reader turns each decoded image into an array with ``np.asarray(image)``, which calls
 ``Image.tobytes``: two copies with the GIL held. Pillow 13 also exports an image through the
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import reporting
 from PIL import Image
 
 
@@ -90,6 +91,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
+    print(reporting.header("Exporting a decoded image to NumPy", reporting.command(__file__)))
     print(f"{args.side}x{args.side} RGB, microseconds per image (best of {args.repeat}):")
     print(f"  np.asarray (Image.tobytes)           {result['tobytes_us']:8.0f}")
     print(f"  Arrow view + NumPy drop of 4th byte  {result['arrow_view_and_numpy_copy_us']:8.0f}")

@@ -1,7 +1,7 @@
 """Checking raw rows' CRC-32s: a call per row against one pass per block, zlib's CRC-32
 against packer's (ISA-L's, from the isal package, where installed).
 
-    python scripts/bench_row_checks.py [--rows 3000] [--shape 64x64x3] [--json]
+    python benchmarks/bench_row_checks.py [--rows 3000] [--shape 64x64x3] [--json]
 
 Each way runs alone, then beside a busy Python thread (as a reader's producer runs beside
 the training loop and its decode threads): a call per row gives up the GIL once per row
@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import reporting
 
 from packer.store import record
 from packer.store.row_checks import each_row_intact, joined_crc, rows_intact
@@ -80,6 +81,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"rows": args.rows, "shape": list(shape), "results": report}))
         return
+    print(reporting.header("Checking raw rows", reporting.command(__file__)))
     print(f"{args.rows:,} rows of {args.shape} ({rows[0].nbytes:,} bytes), rows/s, best run:")
     print(f"{'':36} {'alone':>12} {'beside a busy thread':>22}")
     for name, r in report.items():

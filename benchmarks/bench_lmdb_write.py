@@ -4,7 +4,7 @@ same bytes, side by side in one run. Each value is a new bytes object, as a pack
 one per record (header + payload): a transaction holds its values until it commits, so its size
 decides how much memory is freed and allocated again in turn.
 
-    python scripts/bench_lmdb_write.py
+    python benchmarks/bench_lmdb_write.py
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import lmdb
+import reporting
 
-VALUE_BYTES = 120_000  # the mean source file of scripts/bench_pack.py
+VALUE_BYTES = 120_000  # the mean source file of benchmarks/bench_pack.py
 
 
 def lmdb_write(
@@ -69,6 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench"
         best = min(plain_write(path, values, args.count) for _ in range(args.repeat))
+        print(reporting.header("LMDB writes against a plain write", reporting.command(__file__)))
         print(f"{total_mb:.0f} MB, best of {args.repeat}")
         print(f"plain write + fsync               {best:6.3f} s")
         for txn_mb in (1, 8, 64):

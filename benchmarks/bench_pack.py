@@ -35,9 +35,9 @@ cache (reads cost memory copies), and cold: each source file's cached pages drop
 the run (``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed), so that every file is read
 from the disk, as when packing a folder larger than memory.
 
-    python scripts/bench_pack.py                       # `make bench`; ~220 MB, a few minutes
-    python scripts/bench_pack.py --quick               # smoke test, < 30 s
-    python scripts/bench_pack.py --backends lmdb --repeat 5 --json
+    python benchmarks/bench_pack.py                       # `make bench`; ~220 MB, a few minutes
+    python benchmarks/bench_pack.py --quick               # smoke test, < 30 s
+    python benchmarks/bench_pack.py --backends lmdb --repeat 5 --json
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ import os
 import platform
 import random
 import resource
-import shlex
 import shutil
 import statistics
 import sys
@@ -62,6 +61,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import reporting
 import simplejpeg
 from PIL import Image
 
@@ -72,7 +72,7 @@ from packer.imaging import headers
 from packer.inspect.look import drop_cached
 from packer.store.manifest import MANIFEST_NAME, Manifest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
 
 DEFAULT_IMAGES = 1800  # ~124 KB each at 300-640 px: ~220 MB
@@ -412,6 +412,41 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def page(report: dict[str, Any]) -> str:
+    """The results page (docs/benchmarks/packing.md): the same figures as Markdown tables."""
+    d = report["data"]
+    text = reporting.header(
+        "Packing: packer against copying and decoding the folder", report["command"]
+    )
+    text += (
+        f"{d['images']:,} generated images ({d['mb']:.1f} MB, {d['avg_kb']:.0f} KB on average, "
+        f"sides {d['size_range'][0]}-{d['size_range'][1]} px), best of {report['repeat']}.\n\n"
+        + "".join(f"- {note}\n" for note in NOTES)
+        + "\n"
+    )
+    rows = [
+        [
+            name,
+            f"{row['seconds']:.3f}",
+            f"{row['cpu_seconds']:.3f}",
+            f"{row['images_per_s']:,.0f}",
+            f"{row['ratio']:.2f}" if "ratio" in row else "",
+        ]
+        for name, row in report["timings"].items()
+    ]
+    text += reporting.table(["measurement", "seconds", "CPU s", "images/s", "ratio"], rows)
+    sizes = [
+        [b, f"{s['shard_bytes'] / 1e6:.2f}", f"{s['source_bytes'] / 1e6:.2f}", f"{s['ratio']:.3f}"]
+        for b, s in report["store_size"].items()
+    ]
+    text += reporting.table(["store", "shards MB", "source MB", "store / source"], sizes)
+    goals = [
+        [t["name"], f"{t['ratio']:.3f}", f"<= {t['target']}", "met" if t["pass"] else "NOT MET"]
+        for t in report["targets"]
+    ]
+    return text + reporting.table(["goal", "ratio", "target", "verdict"], goals)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     add = parser.add_argument
@@ -423,6 +458,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--quick", action="store_true", help=f"{QUICK_IMAGES} images, 1 repeat: a smoke test")
     add("--json", action="store_true", help="print one JSON object instead of the table")
     add("--warm-only", action="store_true", help="skip the cold runs (files evicted first)")
+    add("--out", type=Path, default=None, help="results page (default: docs' unless --quick)")
     args = parser.parse_args(argv)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not args.backends or set(args.backends) - {"lmdb", "hdf5"}:
@@ -437,7 +473,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
-    command = shlex.join(["python", "scripts/bench_pack.py", *given])
+    command = reporting.command(__file__, given)
     workers = default_workers()
     folder = args.workdir / ("quick" if args.quick else "images")
     data = prepare_data(folder, args.images, (args.size_range[0], args.size_range[1]))
@@ -463,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         **figures(data, args.backends, times, keep, workers),
     }
     print(json.dumps(report, indent=1) if args.json else render(report))
+    out = args.out or (None if args.quick else reporting.DOCS / "packing.md")
+    if out is not None:
+        reporting.write(out, page(report))
     return 0
 
 

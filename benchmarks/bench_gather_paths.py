@@ -2,7 +2,7 @@
 """Ways a shuffling raw reader could copy pixels, timed bare (no reader around them), against
 the reader itself: what the README's "What would close more of the gap" rests on.
 
-Each run reads --epochs shuffled epochs of ``scripts/bench_reader.py``'s raw 64x64 stores
+Each run reads --epochs shuffled epochs of ``benchmarks/bench_reader.py``'s raw 64x64 stores
 (packed there; run it first) with the reader's epoch plan (chunks of 47 records, windows of
 8 chunks), batches of 256 made new and the last 6 kept alive, as a prefetching reader does:
 
@@ -16,7 +16,7 @@ Each run reads --epochs shuffled epochs of ``scripts/bench_reader.py``'s raw 64x
   lmdb scatter           each value copied straight to its row in its batch: no window, no take
   reader hdf5 / lmdb     open_reader(store, batch_size=256, verify=False), the same epochs
 
-    python scripts/bench_gather_paths.py            # ~10 s
+    python benchmarks/bench_gather_paths.py            # ~10 s
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 import h5py
 import lmdb
 import numpy as np
+import reporting
 
 from packer import open_reader, read_manifest
 from packer.reading import epoch as plan
@@ -189,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     stores = args.workdir / "stores" / "images-3000"
     h5, lm = stores / "raw-64x64.h5", stores / "raw-64x64.lmdb"
     if not (h5.is_dir() and lm.is_dir()):
-        print(f"no raw stores under {stores}: run scripts/bench_reader.py first", file=sys.stderr)
+        print(
+            f"no raw stores under {stores}: run benchmarks/bench_reader.py first", file=sys.stderr
+        )
         return 1
     (h5_shard,) = [h5 / s.file for s in read_manifest(h5).shards]
     maps = H5Maps(h5_shard)  # the maps address the same pixels h5py reads
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - started)
-    print(f"python scripts/bench_gather_paths.py --epochs {args.epochs} --repeat {args.repeat}")
+    print(reporting.header("Gathering raw batches", reporting.command(__file__)))
     print(f"{n:,} raw {'x'.join(map(str, shape))} records, {args.epochs} epochs; seconds:")
     for name, seconds in times.items():
         rest = sorted(seconds[1:] or seconds)  # the first repeat warms caches up

@@ -8,9 +8,9 @@ the like, is not counted) and reports its median and fastest pack and its median
 small change is worth a few percent on a shared machine whose runs wander by ten: only the
 medians over several rounds, made in turn, tell it from the noise.
 
-    python scripts/ab_pack.py c8f8c5d~1 c8f8c5d --backend lmdb     # that commit's gain
-    python scripts/ab_pack.py HEAD --backend hdf5 --check full --rounds 6
-    python scripts/ab_pack.py HEAD --source ~/photos    # another folder than the bench's
+    python benchmarks/ab_pack.py c8f8c5d~1 c8f8c5d --backend lmdb     # that commit's gain
+    python benchmarks/ab_pack.py HEAD --backend hdf5 --check full --rounds 6
+    python benchmarks/ab_pack.py HEAD --source ~/photos    # another folder than the bench's
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting  # noqa: E402
 from bench_pack import DEFAULT_IMAGES, prepare_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         base, new = (statistics.median(medians[name]) for name in versions)
+        print(reporting.header("Two revisions' packs, side by side", reporting.command(__file__)))
         label = {name: versions[name] or "working tree" for name in versions}
         print(
             f"{args.backend} --check {args.check}, median of {args.rounds} rounds of "

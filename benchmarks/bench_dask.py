@@ -1,7 +1,7 @@
 """Pack time on a local Dask cluster of 1, 2 and 4 worker processes against the
 single-machine pack, side by side in one run, on one generated image folder.
 
-    python scripts/bench_dask.py --images 3000 --shards 16
+    python benchmarks/bench_dask.py --images 3000 --shards 16
 
 Each cluster is started before its clock starts (its start-up time is reported apart), so
 the figures compare the packing itself. Every Dask store is checked to be byte-identical to
@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import reporting
 from distributed import LocalCluster
 from PIL import Image
 
@@ -91,6 +92,7 @@ def main() -> None:
                 json.dumps({"images": args.images, "shards": args.shards, "rows": rows}, indent=1)
             )
         else:
+            print(reporting.header("Packing on a Dask cluster", reporting.command(__file__)))
             print(f"{args.images} images, {args.shards} shards (identical stores)")
             print(f"{'packer':<24}{'seconds':>9}{'images/s':>10}{'vs local':>10}{'start-up':>10}")
             for r in rows:

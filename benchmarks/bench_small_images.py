@@ -24,8 +24,8 @@ the folder, and packing memory per file, in one run.
      digested, shuffled and planned into shards as a pack does, in a fresh process: peak RSS
      and time. Goal: 10M entries in well under 2 GB.
 
-    python scripts/bench_small_images.py                      # reading, ~5 minutes
-    python scripts/bench_small_images.py --files 200000 --simulate 10000000 --skip-reading
+    python benchmarks/bench_small_images.py                      # reading, ~5 minutes
+    python benchmarks/bench_small_images.py --files 200000 --simulate 10000000 --skip-reading
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import reporting  # noqa: E402  (benchmarks/reporting.py, beside this script)
 
 CORPORA = {  # name: (width, height, format, images)
     "png32": (32, 32, "PNG", 20_000),
@@ -270,7 +271,7 @@ def bench_files(workdir: Path, count: int) -> dict:
 
 def bench_simulated(count: int) -> dict:
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import bench_small_images as b; b.simulate({count})"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'scripts'}:{ROOT}"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'benchmarks'}:{ROOT}"}
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
@@ -335,11 +336,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    print(
-        f"machine: {platform.node()}, {platform.machine()}, {len(os.sched_getaffinity(0))} cores, "
-        f"Python {platform.python_version()}; command: python {shlex.join(sys.argv)}",
-        flush=True,
-    )
+    print(reporting.header("Small images and millions of files", reporting.command(__file__)))
     result: dict = {}
     if not args.skip_reading:
         result["reading"] = bench_reading(args.workdir, args.repeat, args.corpus)

@@ -2,7 +2,7 @@
 """Per-image cost and quality of resizing, on one thread: Pillow's resize against packer's
 (``packer.imaging.resizing``: OpenCV), and the reader's whole ``size=`` path (``imaging.decode_resized``).
 
-The images are ``scripts/bench_reader.py``'s generated folder (made here if missing, cached in
+The images are ``benchmarks/bench_reader.py``'s generated folder (made here if missing, cached in
 the same place): ~70% JPEG / 30% PNG, 200-500 px. Every figure is the best of --repeat runs
 over the same --images images of each format, in milliseconds per image:
 
@@ -16,8 +16,8 @@ over the same --images images of each format, in milliseconds per image:
 Quality: each JPEG stretched to 224x224 by each resize, scored in PSNR (dB) against a Lanczos
 resize of the same pixels (higher is closer).
 
-    python scripts/bench_resize.py                 # ~1 minute, plus generating the folder
-    python scripts/bench_resize.py --images 100 --repeat 2 --json
+    python benchmarks/bench_resize.py                 # ~1 minute, plus generating the folder
+    python benchmarks/bench_resize.py --images 100 --repeat 2 --json
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from packer.imaging import decode as imaging
 from packer.imaging import resizing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reporting
 from bench_reader import prepare_folder  # noqa: E402
 
 TARGET = (224, 224)
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     report = {
-        "command": "python scripts/bench_resize.py " + " ".join(argv or sys.argv[1:]),
+        "command": reporting.command(__file__, argv),
         "images_per_format": args.images,
         "ms_per_image": rows,
         "psnr_vs_lanczos_db": quality,
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(report["command"])
+    print(reporting.header("Resizing decoded images", report["command"]))
     columns = list(next(iter(rows.values())))
     print(f"{'ms per image':12} " + " | ".join(f"{c:>15}" for c in columns))
     for fmt, row in rows.items():

@@ -1,6 +1,6 @@
 """Threads or processes for the reader's decode pool, and which decoder? Measured here.
 
-    python scripts/bench_decode_pool.py [--images 1500] [--side 400] [--repeat 3]
+    python benchmarks/bench_decode_pool.py [--images 1500] [--side 400] [--repeat 3]
 
 Decodes the same JPEG bytes (held in memory, as the reader holds a window) to RGB arrays with
 (a) one thread, (b) a pool of N threads, (c) a pool of N processes that receive the bytes and
@@ -23,6 +23,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
+import reporting
 import simplejpeg
 from PIL import Image
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
-    print(f"command: python {' '.join(sys.argv)}")
+    print(reporting.header("Decoding JPEGs in a pool", reporting.command(__file__)))
     print(f"{args.images} JPEGs ~{args.side}x{args.side}, {cores} cores, best of {args.repeat}")
     base = rates["Pillow, one thread"]
     for name, rate in rates.items():

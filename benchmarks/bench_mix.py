@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Benchmark a weighted mixture of two stores against reading one store alone, side by side.
+
+Two stores of the same kind of images (generated, seeded apart), packed alike; a run reads
+epochs of the same number of records either from store A alone or from the
+mixture ``open_reader([A, B], weights=[0.7, 0.3], epoch_size=len(A))``, and the two kinds of
+run alternate, ``--repeat`` times each, so both see the same machine. Figures: images/s of
+each run's epochs after its first (which opens the stores), the best and the median of each
+kind, and mixed / alone: of the bests, and the median of the ratios of runs made one after
+the other.
+Goal: the mixture >= 0.95x.
+
+Cases:
+  raw      raw 32x32 pixels (``PackOptions(raw=True, size=(32, 32))``): nothing to decode, so
+           the reader's own work (plan, gather, batch assembly) is all there is: the worst
+           case for any overhead the mixing adds. And raw 64x64.
+  decoded  JPEGs 64-128 px decoded and resized to 64x64 by the reader (``size=``).
+
+Stores are warm in the page cache.
+
+    python benchmarks/bench_mix.py            # ~3 minutes, plus packing the first time;
+                                              # writes docs/benchmarks/mixing.md
+    python benchmarks/bench_mix.py --quick    # smoke test (--out to write elsewhere)
+    python benchmarks/bench_mix.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import reporting
+from PIL import Image
+
+from packer import PackOptions, open_reader, pack
+
+
+def make_folder(root: Path, count: int, seed: int) -> Path:
+    """``count`` smooth-noise JPEGs, 64-128 px a side, in 4 classes (cached by a stamp)."""
+    stamp = root / f".done-{count}-{seed}"
+    if stamp.exists():
+        return root
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        h, w = (int(v) for v in rng.integers(64, 129, 2))
+        small = rng.integers(0, 256, (h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((w, h), Image.BILINEAR)
+        out = root / f"c{i % 4}" / f"{i:05d}.jpg"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90)
+        out.write_bytes(buffer.getvalue())
+    stamp.touch()
+    return root
+
+
+def packed(folder: Path, out: Path, **options: Any) -> Path:
+    if not (out / "manifest.json").exists():
+        pack(folder, out, PackOptions(backend="lmdb", seed=1, workers=2, overwrite=True, **options))
+    return out
+
+
+def run(paths: list[Path], epochs: int, **options: Any) -> tuple[float, float]:
+    """(images per second, images per CPU second of the whole process) of ``epochs`` epochs
+    after a first one (not timed: it opens the stores and starts the threads), each epoch
+    asked for in turn as a training loop does. CPU seconds count every thread's work, so
+    they say what the read costs even where other jobs share the cores."""
+    images = 0
+    with open_reader(paths if len(paths) > 1 else paths[0], **options) as reader:
+        for _ in reader.epoch(0):
+            pass
+        start, cpu = time.perf_counter(), time.process_time()
+        for epoch in range(1, epochs + 1):
+            for batch in reader.epoch(epoch):
+                images += len(batch[1])
+        return images / (time.perf_counter() - start), images / (time.process_time() - cpu)
+
+
+def compare(
+    name: str, a: Path, b: Path, records: int, epochs: int, repeat: int, **options: Any
+) -> dict[str, Any]:
+    runs: dict[str, list[tuple[float, float]]] = {"alone": [], "mixed": []}
+    mix = {"weights": [0.7, 0.3], "epoch_size": records}
+    for r in range(repeat):
+        # Alternate which goes first, so neither always follows the other.
+        order = [("alone", [a], {}), ("mixed", [a, b], mix)]
+        for kind, paths, extra in order if r % 2 == 0 else order[::-1]:
+            runs[kind].append(run(paths, epochs, **options, **extra))
+    out: dict[str, Any] = {"case": name, "records_per_epoch": records, "epochs_per_run": epochs}
+    for measure, at in (("wall", 0), ("cpu", 1)):
+        alone = [x[at] for x in runs["alone"]]
+        mixed = [x[at] for x in runs["mixed"]]
+        pairs = [m / s for m, s in zip(mixed, alone, strict=True)]
+        out[measure] = {
+            "alone_best": round(max(alone)),
+            "mixed_best": round(max(mixed)),
+            "alone_median": round(statistics.median(alone)),
+            "mixed_median": round(statistics.median(mixed)),
+            "ratio_of_best": round(max(mixed) / max(alone), 3),
+            "median_of_pair_ratios": round(statistics.median(pairs), 3),
+        }
+    return out
+
+
+_PROSE = """Two LMDB stores of {count:,} generated JPEGs each (64-128 px a side, seeded apart), packed
+alike: as raw 32x32 pixels, raw 64x64 pixels, and as the original JPEGs. A run reads epochs of
+{count:,} records either from store A alone or from `open_reader([A, B], weights=[0.7, 0.3],
+epoch_size={count})`, batch 256, default options; the first epoch of a run is not timed (it opens
+the stores and starts the threads). The two kinds of run alternate, {repeat} of each. Stores are
+warm in the page cache. Besides images/s, each run's images per CPU second of the whole process
+(every thread's work): on cores shared with other jobs, that says what the read costs, where
+wall time says as much about the neighbours.
+
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--workdir", type=Path, default=Path("demo/bench-mix"))
+    parser.add_argument("--images", type=int, default=4000, help="records per store")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, default=reporting.DOCS / "mixing.md")
+    args = parser.parse_args(argv)
+    count, repeat = (600, 2) if args.quick else (args.images, args.repeat)
+    work = args.workdir
+    folders = [
+        make_folder(work / f"images-{n}-{count}", count, seed) for n, seed in (("a", 1), ("b", 2))
+    ]
+    raw = [packed(f, work / f"raw-{f.name}.lmdb", raw=True, size=(32, 32)) for f in folders]
+    raw64 = [packed(f, work / f"raw64-{f.name}.lmdb", raw=True, size=(64, 64)) for f in folders]
+    jpeg = [packed(f, work / f"jpeg-{f.name}.lmdb") for f in folders]
+    common = {"batch_size": 256, "seed": 0}
+    results = [
+        compare("raw 32x32", *raw, records=count, epochs=40, repeat=repeat, **common),
+        compare("raw 64x64", *raw64, records=count, epochs=20, repeat=repeat, **common),
+        compare(
+            "decoded to 64x64",
+            *jpeg,
+            records=count,
+            epochs=2,
+            repeat=repeat,
+            size=(64, 64),
+            **common,
+        ),
+    ]
+    if args.json:
+        print(json.dumps({"machine": reporting.machine(), "results": results}, indent=1))
+        return
+    rows = []
+    for r in results:
+        for measure, unit in (("wall", "images/s"), ("cpu", "images per CPU s")):
+            m = r[measure]
+            rows.append(
+                [
+                    r["case"],
+                    unit,
+                    f"{m['alone_best']:,}, {m['alone_median']:,}",
+                    f"{m['mixed_best']:,}, {m['mixed_median']:,}",
+                    f"{m['ratio_of_best']:.3f}; {m['median_of_pair_ratios']:.3f}",
+                ]
+            )
+    columns = [
+        "case",
+        "measure",
+        "alone (best, median)",
+        "mixed 0.7/0.3 (best, median)",
+        "mixed / alone: of the bests; median of pairs",
+    ]
+    text = reporting.header(
+        "A mixture of stores against one store", reporting.command(__file__, argv)
+    )
+    text += _PROSE.format(count=count, repeat=repeat) + reporting.table(columns, rows)
+    worst = {
+        r["case"]: min(
+            r[m][k] for m in ("wall", "cpu") for k in ("ratio_of_best", "median_of_pair_ratios")
+        )
+        for r in results
+    }
+    met = [case for case, ratio in worst.items() if ratio >= 0.95]
+    missed = [f"{case} (worst {ratio:.2f})" for case, ratio in worst.items() if ratio < 0.95]
+    text += (
+        "Goal: a mixed read at >= 0.95x the images/s of one store, by every measure above. "
+        f"Met: {', '.join(met) or 'none'}. Not met: {', '.join(missed) or 'none'}.\n"
+    )
+    print(text)
+    reporting.write(args.out, text)
+
+
+if __name__ == "__main__":
+    main()

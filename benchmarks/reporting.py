@@ -1,0 +1,98 @@
+"""What every benchmark's output shares: one header (machine, command, date), Markdown tables,
+the page written into docs/benchmarks/, and a bar chart where a person would rather look.
+
+    import reporting                    # the scripts run as python benchmarks/NAME.py
+    text = reporting.header("Packing", reporting.command(__file__, argv))
+    text += reporting.table(["store", "MB"], [["lmdb", "12.0"]])
+    reporting.write(reporting.DOCS / "packing.md", text)
+
+matplotlib draws the charts where it is installed (the ``bench`` extra); without it the page is
+written all the same and the chart is left as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "benchmarks"
+
+
+def machine() -> str:
+    """The machine in one line: cores, architecture, kernel, Python."""
+    return (
+        f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def command(script: str, argv: Sequence[str] | None = None) -> str:
+    """The command that reproduces a run, from the repository's root."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return shlex.join(["python", f"benchmarks/{Path(script).name}", *args])
+
+
+def header(title: str, run: str) -> str:
+    """A results page's top: the title, then machine, command and date, once. A date, not a
+    time: the page states current results, and git keeps their history."""
+    return (
+        f"# {title}\n\nMachine: {machine()}. Date: {time.strftime('%Y-%m-%d', time.gmtime())}.\n\n"
+        f"Command: `{run}`\n\n"
+    )
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table; each cell as given (format numbers before)."""
+    lines = [columns, ["---"] * len(columns), *rows]
+    return "".join("| " + " | ".join(map(str, line)) + " |\n" for line in lines) + "\n"
+
+
+def write(path: Path, text: str) -> Path:
+    """Write a results page (or any file) under docs/, making its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def bar_chart(
+    path: Path,
+    title: str,
+    unit: str,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float]],
+    log: bool = False,
+) -> bool:
+    """Grouped bars, one colour per series, written as SVG or PNG by ``path``'s suffix; False
+    (nothing written) where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"{path.name}: not drawn (pip install matplotlib)", file=sys.stderr)
+        return False
+    plt.rcParams["svg.hashsalt"] = "packer"  # the same figures give the same file
+    figure, axes = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        at = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        axes.bar(at, values, width, label=name)
+    axes.set_xticks(range(len(groups)), groups)
+    axes.set_ylabel(unit)
+    axes.set_title(title)
+    if log:
+        axes.set_yscale("log")
+    axes.legend(frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(series))
+    axes.spines[["top", "right"]].set_visible(False)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, metadata={"Date": None} if path.suffix == ".svg" else None)
+    plt.close(figure)
+    return True
