@@ -82,6 +82,11 @@ class CorruptRecordError(StoreError):
             reason,
         )
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, int, str, str]]:
+        # Raised in a decode process, it comes back pickled: rebuilt from its parts, not
+        # from its one-line message (the default), which __init__ would refuse.
+        return type(self), (self.store, self.shard, self.index, self.path, self.reason)
+
 
 class PackInterrupted(PackerError):
     """The pack was stopped (Ctrl-C, SIGTERM) before it finished; nothing was committed."""

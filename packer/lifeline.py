@@ -23,19 +23,23 @@ _PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 _WATCH_SECONDS = 0.5
 
 
-def die_with_parent(expected: int = 0) -> None:
+def die_with_parent(expected: int = 0, kernel: bool = True) -> None:
     """End this process when its parent process dies.
 
     ``expected``: the pid the caller knows the parent has (the starting process's own pid,
     passed to the child): a child whose parent already died exits at once. 0 where the parent
     is not the starting process (a forkserver's children: the forkserver, which exits when
-    the process that started it does)."""
+    the process that started it does).
+
+    ``kernel=False``: the watch alone, for a child forked by a thread that may end before
+    its process does: PR_SET_PDEATHSIG fires when the parent *thread* ends."""
     parent = os.getppid()
     if expected and parent != expected:
         os._exit(1)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if kernel:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the watch below does it, a little later
         pass
     if os.getppid() != parent:  # died before prctl took effect

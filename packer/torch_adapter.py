@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from packer.about import install_hint
+from packer.errors import UsageError
 from packer.reading.lanes import Phase
 from packer.reading.options import ReaderOptions, rank_and_world
 from packer.reading.reader import Reader, StorePaths
@@ -52,6 +53,11 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg,unused-ignore]
         self.path = path
         self._mix: dict[str, Any] = {"weights": weights, "epoch_size": epoch_size}
         self.options = ReaderOptions(batch_size=batch_size, **options)
+        if self.options.decode_in == "processes":
+            raise UsageError(
+                "decode_in='processes' cannot run inside DataLoader workers (daemonic processes "
+                "may not start processes); the DataLoader's workers already decode in parallel"
+            )
         # Validate the stores and options now, not in a worker.
         self._reader(self.options).close()
         self._given_ranks = (self.options.rank, self.options.world_size)

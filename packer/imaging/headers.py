@@ -30,7 +30,7 @@ import zlib
 
 from packer.imaging.decode import ImageInfo
 
-__all__ = ["HEAD_BYTES", "vouch", "vouch_file"]
+__all__ = ["HEAD_BYTES", "vouch", "vouch_oriented", "vouch_file"]
 
 _JPEG = b"\xff\xd8\xff"
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -38,19 +38,28 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 
 def vouch(data: bytes | memoryview, max_pixels: int) -> ImageInfo | None:
     """What ``imaging.probe(data, max_pixels)`` would say of ``data``, or None if unsure."""
+    found = vouch_oriented(data, max_pixels)
+    return None if found is None else found[0]
+
+
+def vouch_oriented(data: bytes | memoryview, max_pixels: int) -> tuple[ImageInfo, int] | None:
+    """``vouch``, with the EXIF orientation (1-8) Pillow would apply to the pixels (always 1
+    for a PNG vouched for, which has no eXIf chunk): what another decoder needs to give
+    Pillow's upright image."""
     head = bytes(data[:8])
     try:
         if head.startswith(_JPEG):
-            info = _jpeg(data)
+            found = _jpeg(data)
         elif head == _PNG:
-            info = _png(data)
+            png = _png(data)
+            found = None if png is None else (png, 1)
         else:
             return None
     except (IndexError, struct.error):  # a field past the end of the data: Pillow decides
         return None
-    if info is None or not (0 < info.width * info.height <= max_pixels):
+    if found is None or not (0 < found[0].width * found[0].height <= max_pixels):
         return None  # the bomb refusal and its wording are imaging._open's
-    return info
+    return found
 
 
 HEAD_BYTES = 16 << 10  # what vouch_file reads: headers with more (a big EXIF) go to Pillow
@@ -75,7 +84,7 @@ _JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
 _XMP = b"http://ns.adobe.com/xap/1.0/\x00"
 
 
-def _jpeg(data: bytes | memoryview) -> ImageInfo | None:
+def _jpeg(data: bytes | memoryview) -> tuple[ImageInfo, int] | None:
     pos, end = 2, len(data)
     frame: tuple[int, int, str] | None = None  # width, height, mode
     exif: bytes | None = None
@@ -135,7 +144,7 @@ def _jpeg(data: bytes | memoryview) -> ImageInfo | None:
         return None  # an orientation may be in it
     if orientation >= 5:
         width, height = height, width
-    return ImageInfo("JPEG", height, width, mode, False)
+    return ImageInfo("JPEG", height, width, mode, False), orientation
 
 
 def _tables_fill(data: bytes | memoryview, start: int, stop: int) -> bool:

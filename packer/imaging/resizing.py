@@ -38,6 +38,13 @@ def _cv2() -> ModuleType:
     return cv2
 
 
+def opencv() -> ModuleType:
+    """The cv2 module, imported on first use under the fork gate (see ``load``)."""
+    if _cv2.cache_info().currsize == 0:
+        load()
+    return _cv2()
+
+
 def load() -> None:
     """Import OpenCV now, in this thread, before threads that resize start: a fork while
     another thread imports leaves the child a module lock no thread will release (see

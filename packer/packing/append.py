@@ -19,9 +19,11 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from packer.errors import LabelsError, UsageError
 from packer.packing.options import PackOptions
-from packer.packing.source import LabelColumn, Source, SourceItem
+from packer.packing.source import LabelColumn, Source
 from packer.packing.stats import RecordStats
 from packer.store.manifest import Manifest, fsync_path, read_manifest, write_manifest
 
@@ -114,15 +116,11 @@ def relabel(src: Source, base: Manifest) -> Source:
         index = {name: i for i, name in enumerate(extended)}
         columns.append(LabelColumn(new.name, tuple(extended)))
         mappings.append([index[name] for name in new.classes or ()])
-    items = [
-        SourceItem(
-            item.path,
-            item.size,
-            tuple(v if m is None else m[v] for v, m in zip(item.labels, mappings)),
-        )
-        for item in src.items
-    ]
-    return Source(src.root, items, columns, src.label_source, src.skipped)
+    labels = src.items.labels.copy()
+    for column, mapping in enumerate(mappings):
+        if mapping is not None:
+            labels[:, column] = np.asarray(mapping, np.int64)[labels[:, column]]
+    return Source(src.root, src.items.with_labels(labels), columns, src.label_source, src.skipped)
 
 
 def grown(base: Manifest, added: Manifest) -> Manifest:

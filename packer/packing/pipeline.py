@@ -14,7 +14,6 @@ seed whatever the number of workers, and memory stays bounded whatever the folde
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import logging
 import multiprocessing
@@ -22,7 +21,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -30,11 +29,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from packer import __version__
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError, StoreError
 from packer.imaging import decode as imaging
 from packer.imaging import headers
 from packer.packing import append
+from packer.packing.file_list import FileList, SourceItem
 from packer.packing.ledger import Ledger, PackIdentity, ShardResult, inputs_digest
 from packer.packing.options import PackOptions
 from packer.packing.prepare import Prepared, Rejected, init_worker, prepare_files, probed
@@ -42,7 +44,7 @@ from packer.packing.scan import Skipped
 from packer.packing.shard_job import (
     PackContext,
     ShardJob,
-    estimated_bytes,
+    estimated_sizes,
     hashed,
     read_item,
     storage,
@@ -50,7 +52,7 @@ from packer.packing.shard_job import (
     write_shard,
 )
 from packer.packing.shuffle import new_seed, permutation
-from packer.packing.source import Source, SourceItem, load_source
+from packer.packing.source import Source, load_source
 from packer.packing.stats import RecordStats
 from packer.prefetch import Prefetcher
 from packer.store import backend_for_path, shard_name
@@ -187,9 +189,9 @@ def pack(
     )
     try:
         seed = _resume_or_start_over(staging, ledger, identity, options)
-        order = permutation(len(src.items), seed) if options.shuffle else range(len(src.items))
-        items = [src.items[i] for i in order]
-        plan = plan_shards([estimated_bytes(item, options) for item in items], options)
+        count = len(src.items)
+        items = src.items.take(permutation(count, seed)) if options.shuffle else src.items
+        plan = plan_shards(estimated_sizes(items, options), options)
         ledger.begin(identity, seed, len(plan))
     except BaseException as e:
         # An unfinished pack of other inputs stays for its own command; nothing else does.
@@ -270,7 +272,7 @@ def _check_paths(source: Path, output: Path) -> None:
     raise PackerError(f"{output} is inside the source folder {source}; write the store elsewhere")
 
 
-def plan_shards(sizes: list[int], options: PackOptions) -> list[range]:
+def plan_shards(sizes: Sequence[int] | np.ndarray, options: PackOptions) -> list[range]:
     """Split the packed order into shards: ``options.shards`` equal counts, or runs of about
     ``options.shard_size`` estimated bytes. Planned up front, from sizes known before any
     image is read, so the plan is the same on every run of the same inputs."""
@@ -280,18 +282,22 @@ def plan_shards(sizes: list[int], options: PackOptions) -> list[range]:
         bounds = [round(i * n / count) for i in range(count + 1)]
         return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     plan, start, filled = [], 0, 0
-    for i, nbytes in enumerate(sizes):
-        if filled and filled + nbytes > options.shard_size:
-            plan.append(range(start, i))
-            start, filled = i, 0
-        filled += nbytes
+    for first in range(0, n, _PLAN_CHUNK):  # Python ints a chunk at a time, not n at once
+        for i, nbytes in enumerate(list(sizes[first : first + _PLAN_CHUNK]), first):
+            if filled and filled + nbytes > options.shard_size:
+                plan.append(range(start, i))
+                start, filled = i, 0
+            filled += nbytes
     plan.append(range(start, n))
     return plan
 
 
+_PLAN_CHUNK = 1 << 16
+
+
 def _write_shards(
     src: Source,
-    items: list[SourceItem],
+    items: FileList,
     plan: list[range],
     options: PackOptions,
     ledger: Ledger,
@@ -305,7 +311,7 @@ def _write_shards(
     paths = [ledger.folder / shard_name(options.backend, first + i) for i in range(len(plan))]
     results: list[ShardResult | None] = [ledger.finished(path) for path in paths]
     jobs = [
-        ShardJob(first + i, paths[i], [items[k] for k in plan[i]])
+        ShardJob(first + i, paths[i], items[plan[i].start : plan[i].stop])
         for i, result in enumerate(results)
         if result is None
     ]
@@ -349,7 +355,7 @@ def _write_here(
     """Write the shards in this process, in turn, from one ordered stream of records that
     the worker pool prepares for all of them (the read-ahead thread, for a header check of
     plain JPEGs and PNGs: _plain_sample)."""
-    items = [item for job in jobs for item in job.items]
+    items = FileList.concat([job.items for job in jobs])
     options, root = context.options, context.root
     # One thread reads and checksums the source bytes and keeps up to _AHEAD_BYTES of
     # records ready, while this one writes. It, not the writer, keeps the pool's window of
@@ -360,10 +366,8 @@ def _write_here(
         pieces = lambda: _read_and_vouch(root, items, pool, options)  # noqa: E731
     else:
         pool = _start_pool(options)
-        paths = [os.path.join(root, item.path) for item in items]
-        sizes = [item.size for item in items]
         pieces = lambda: _read_ahead(  # noqa: E731
-            root, items, _prepared_in_order(pool, paths, sizes, options), options
+            root, items, _prepared_in_order(pool, root, items, options), options
         )
     ahead: Prefetcher[list[Record | Skipped]] = Prefetcher(
         pieces, depth=_AHEAD_BYTES // _PIECE_BYTES, name="packer-read"
@@ -396,7 +400,7 @@ _PIECE_BYTES = 4 << 20  # records are handed over in pieces of at most this (or 
 
 def _read_ahead(
     root: Path,
-    items: list[SourceItem],
+    items: FileList,
     tasks: Iterator[list[Prepared | Rejected]],
     options: PackOptions,
 ) -> Iterator[list[Record | Skipped]]:
@@ -417,7 +421,7 @@ def _read_ahead(
         yield piece
 
 
-def _plain_sample(root: Path, items: list[SourceItem], options: PackOptions) -> bool:
+def _plain_sample(root: Path, items: FileList, options: PackOptions) -> bool:
     """Whether packer.imaging.headers vouches for each of the first _SAMPLE files (in packed, so
     random, order): how a header check is to run.
 
@@ -441,7 +445,7 @@ _SAMPLE = 32
 
 
 def _read_and_vouch(
-    root: Path, items: list[SourceItem], pool: _PoolOnDemand, options: PackOptions
+    root: Path, items: FileList, pool: _PoolOnDemand, options: PackOptions
 ) -> Iterator[list[Record | Skipped]]:
     """``--check header``: the records of ``items`` in order, in pieces (as _read_ahead).
 
@@ -451,8 +455,9 @@ def _read_and_vouch(
     warm pack take half as long again as no check at all: docs/design-notes.md.) A piece waits
     for the pool's answers while the pieces after it are read, up to _AHEAD_BYTES of them.
     """
-    paths = [os.path.join(root, item.path) for item in items]
-    ends = list(itertools.accumulate((item.size for item in items), initial=0))
+    # Offsets of each file in the stream of bytes to read: 8 bytes a file, not a list of
+    # paths and Python ints (~150 bytes a file).
+    ends = np.concatenate([[0], np.cumsum(items.sizes)])
     hinted = 0  # items[:hinted] announced to the kernel
     waiting: deque[
         tuple[int, int, list[Record | Skipped | SourceRead], list[str], Future[Any] | None]
@@ -461,14 +466,19 @@ def _read_and_vouch(
     start = 0
     while start < len(items):
         # A piece: up to _VOUCH_FILES files and _PIECE_BYTES (or one file).
-        stop = bisect.bisect_right(ends, ends[start] + _PIECE_BYTES, start + 2) - 1
+        stop = _bisect_right(ends, ends[start] + _PIECE_BYTES, start + 2) - 1
         stop = min(stop, start + _VOUCH_FILES, len(items))
-        reach = bisect.bisect_right(ends, ends[start] + _HINT_BYTES) - 1
+        reach = _bisect_right(ends, ends[start] + _HINT_BYTES) - 1
         if reach > hinted:
-            _will_read(paths[hinted:reach], [i.size for i in items[hinted:reach]], _HINT_BYTES)
+            ahead = items[hinted:reach]
+            _will_read(_paths(root, ahead), ahead.sizes.tolist(), _HINT_BYTES)
             hinted = reach
         piece = [_vouched(root, item, options) for item in items[start:stop]]
-        doubtful = [paths[start + k] for k, r in enumerate(piece) if isinstance(r, SourceRead)]
+        doubtful = [
+            os.path.join(root, items[start + k].path)
+            for k, r in enumerate(piece)
+            if isinstance(r, SourceRead)
+        ]
         asked = pool.probe(doubtful) if doubtful else None
         waiting.append((start, stop, piece, doubtful, asked))
         start = stop
@@ -483,6 +493,15 @@ def _read_and_vouch(
 
 
 _VOUCH_FILES = 128  # files a piece at most (as the pool's tasks of header probes)
+
+
+def _bisect_right(ends: np.ndarray, value: int, low: int = 0) -> int:
+    """bisect.bisect_right(ends, value, low), on an array."""
+    return max(low, int(np.searchsorted(ends, value, side="right")))
+
+
+def _paths(root: Path, items: FileList) -> list[str]:
+    return [os.path.join(root, item.path) for item in items]
 
 
 def _vouched(root: Path, item: SourceItem, options: PackOptions) -> Record | Skipped | SourceRead:
@@ -504,7 +523,7 @@ def _answered(
     piece: list[Record | Skipped | SourceRead],
     doubtful: list[str],
     asked: Future[list[Prepared | Rejected]] | None,
-    items: list[SourceItem],
+    items: FileList,
 ) -> list[Record | Skipped]:
     """A piece of _read_and_vouch with the pool's answers for the files it asked about
     (``doubtful``, its SourceReads in order)."""
@@ -568,15 +587,15 @@ def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
 
 
 def _prepared_in_order(
-    pool: ProcessPoolExecutor, paths: list[str], sizes: list[int], options: PackOptions
+    pool: ProcessPoolExecutor, root: Path, items: FileList, options: PackOptions
 ) -> Iterator[list[Prepared | Rejected]]:
-    """Results for ``paths`` (of ``sizes`` bytes) in order, one list per task, from the
-    pool, through a bounded window of tasks whose files are announced to the kernel."""
+    """Results for ``items``' files in order, one list per task, from the pool, through a
+    bounded window of tasks whose files are announced to the kernel."""
     workers = options.num_workers
     # A header probe takes ~35 us, a decode milliseconds: probes go in bigger tasks, so that
     # pool round trips do not outweigh them; decodes in small ones, which balance the workers.
     cap = 128 if options.probes_only else 32
-    task_size = max(1, min(cap, len(paths) // (workers * 8)))
+    task_size = max(1, min(cap, len(items) // (workers * 8)))
     window = workers * 4
     pending: deque[tuple[list[str], int, Future[list[Prepared | Rejected]]]] = deque()
     hinted = 0  # bytes announced for the pending tasks
@@ -588,9 +607,10 @@ def _prepared_in_order(
         return _result(batch, future)
 
     try:
-        for start in range(0, len(paths), task_size):
-            batch = paths[start : start + task_size]
-            announced = _will_read(batch, sizes[start : start + task_size], _HINT_BYTES - hinted)
+        for start in range(0, len(items), task_size):
+            part = items[start : start + task_size]
+            batch = _paths(root, part)
+            announced = _will_read(batch, part.sizes.tolist(), _HINT_BYTES - hinted)
             hinted += announced
             pending.append((batch, announced, pool.submit(prepare_files, batch)))
             if len(pending) >= window:

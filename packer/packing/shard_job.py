@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from packer.errors import BadImageError
+from packer.packing.file_list import FileList, SourceItem
 from packer.packing.ledger import ShardResult
 from packer.packing.options import PackOptions
 from packer.packing.prepare import Prepared, Rejected
 from packer.packing.scan import Skipped
-from packer.packing.source import SourceItem
 from packer.packing.stats import RecordStats
 from packer.store import ShardMeta, open_shard_writer
 from packer.store.manifest import ShardInfo, Storage
@@ -48,7 +50,7 @@ class PackContext:
 class ShardJob:
     index: int
     path: Path  # where the finished shard belongs
-    items: list[SourceItem]  # its source files, in store order
+    items: FileList  # its source files, in store order
 
 
 def write_shard(
@@ -72,7 +74,7 @@ def write_shard(
         context.columns,
         options.fixed_shape(),
     )
-    expected = sum(estimated_bytes(item, options) for item in job.items)
+    expected = int(estimated_sizes(job.items, options).sum())
     writer = open_shard_writer(options.backend, path, meta, expected)
     result = ShardResult(ShardInfo(job.path.name, 0, 0, "", 0), RecordStats(len(context.columns)))
     writeback = _Writeback(path)
@@ -211,6 +213,19 @@ def estimated_bytes(item: SourceItem, options: PackOptions) -> int:
     if options.max_side is not None:
         return min(item.size * 10, options.max_side**2 * 4)
     return item.size * 10  # a JPEG decodes to roughly ten times its size
+
+
+def estimated_sizes(items: FileList, options: PackOptions) -> np.ndarray:
+    """``estimated_bytes`` of each of ``items``, as one array."""
+    sizes = items.sizes
+    if not options.raw:
+        return sizes
+    shape = options.fixed_shape()
+    if shape is not None:
+        return np.full(len(sizes), shape[0] * shape[1] * shape[2], np.int64)
+    if options.max_side is not None:
+        return np.minimum(sizes * 10, options.max_side**2 * 4)
+    return sizes * 10
 
 
 def storage(options: PackOptions, common_shape: list[int] | None) -> Storage:

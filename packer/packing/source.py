@@ -14,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+import numpy as np
+
 from packer.errors import EmptySourceError, LabelsError, SourceError
-from packer.packing.scan import FoundFile, Skipped, walk
+from packer.packing.file_list import FileList, SourceItem
+from packer.packing.scan import Skipped, walk
 
 __all__ = ["LabelColumn", "SourceItem", "Source", "load_source"]
 
@@ -32,17 +35,10 @@ class LabelColumn:
         return {"name": self.name, "classes": list(self.classes) if self.classes else None}
 
 
-@dataclass(frozen=True, slots=True)
-class SourceItem:
-    path: str  # relative to the source root, "/"-separated
-    size: int
-    labels: tuple[int, ...]
-
-
 @dataclass
 class Source:
     root: Path
-    items: list[SourceItem]  # sorted by path
+    items: FileList  # sorted by path
     columns: list[LabelColumn]
     label_source: str  # "folders" | "csv" | "none"
     skipped: list[Skipped]  # found by the walk but not packable (reported, never silent)
@@ -72,8 +68,7 @@ def load_source(
         raise SourceError(f"{root}: not a folder")
     if str(labels) == "none":
         found, skipped = walk(root, progress)
-        items = [SourceItem(f.path, f.size, ()) for f in found]
-        source = Source(root, items, [], "none", skipped)
+        source = Source(root, found, [], "none", skipped)
     elif str(labels) == "folders":
         source = _from_folders(root, *walk(root, progress))
     else:
@@ -83,19 +78,21 @@ def load_source(
     return source
 
 
-def _from_folders(root: Path, found: list[FoundFile], skipped: list[Skipped]) -> Source:
-    if not found:
+def _from_folders(root: Path, found: FileList, skipped: list[Skipped]) -> Source:
+    if not len(found):
         raise EmptySourceError(f"{root}: no files to pack (hidden files are ignored)")
-    in_class = [f for f in found if "/" in f.path]
-    skipped += [Skipped(f.path, "not inside a class folder") for f in found if "/" not in f.path]
-    if not in_class:
+    classes, label = found.top_folders()
+    in_class = np.flatnonzero(label >= 0)
+    if len(in_class) < len(found):
+        loose = found.take(np.flatnonzero(label < 0))
+        skipped += [Skipped(item.path, "not inside a class folder") for item in loose]
+    if not len(in_class):
         raise EmptySourceError(
             f"{root}: no class sub-folders with files in them; "
             "put each class in its own sub-folder, or pass --labels none or --labels FILE.csv"
         )
-    classes = sorted({f.path.split("/", 1)[0] for f in in_class})
-    index = {name: i for i, name in enumerate(classes)}
-    items = [SourceItem(f.path, f.size, (index[f.path.split("/", 1)[0]],)) for f in in_class]
+    kept = found if len(in_class) == len(found) else found.take(in_class)
+    items = kept.with_labels(label[in_class].reshape(-1, 1))
     return Source(root, items, [LabelColumn("class", tuple(classes))], "folders", skipped)
 
 
@@ -159,7 +156,7 @@ def _from_csv(
             f"{table} names {len(missing)} file(s) that do not exist under {root}, e.g. {examples}"
         )
     items.sort(key=lambda item: item.path)
-    return Source(root, items, columns, "csv", [])
+    return Source(root, FileList.of(items), columns, "csv", [])
 
 
 def _is_int64(text: str) -> bool:

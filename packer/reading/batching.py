@@ -348,7 +348,7 @@ def _one_image(
     if augment is not None:
         rng = record_rng(seed, epoch, int(window.indices[i])) if augment.random else None
         return record_pixels(record, mode, place=partial(augment.place, rng=rng))
-    return record_pixels(record, mode, writable, size, fit)
+    return record_pixels(record, mode, writable, size, fit, plain_first=True)
 
 
 class Stopped(Exception):

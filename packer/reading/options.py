@@ -36,7 +36,10 @@ class ReaderOptions:
     prefetch: int = 4
     # At an epoch's end, go on prefetching the next one, so it starts without a wait.
     across_epochs: bool = True
-    workers: int | None = None  # decode threads; None: all cores
+    workers: int | None = None  # decode threads or processes; None: all cores
+    # "threads", "processes" or None: processes for a store of small images (its manifest's
+    # mean size; see packer.reading.decode_procs), threads otherwise and in DataLoader workers.
+    decode_in: str | None = None
     decode: bool = True
     transform: Callable[[Any], Any] | None = None
     collate: Callable[[list[Any]], Any] | None = None
@@ -84,6 +87,10 @@ class ReaderOptions:
                 raise UsageError(
                     f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}"
                 )
+        if self.decode_in not in (None, "threads", "processes"):
+            raise UsageError(
+                f"decode_in must be threads, processes or None (chosen), not {self.decode_in!r}"
+            )
         if self.size is not None:
             pair = isinstance(self.size, (tuple, list)) and len(self.size) == 2
             if not pair or not all(isinstance(v, int) and v > 0 for v in self.size):

@@ -38,6 +38,7 @@ from packer.reading.batching import (
     read_window,
     split_window,
 )
+from packer.reading.decode_procs import ProcessDecoder, choose, merge_parts
 from packer.reading.lanes import Lane, Layout, Phase, Piece, Planner
 from packer.reading.readahead import (
     SUPPORTED,
@@ -94,6 +95,10 @@ class Producer:
         self._spare_windows: list[list[np.ndarray]] = [[] for _ in sources]
         self._planned: tuple[Any, Lane] | None = None  # the last lane planned, and its key
         self._auto_depth: dict[Path, int] = {}  # read_ahead=None: the depth for each store
+        # "threads" or "processes": processes where every store asks for them
+        chosen = {choose(options, source.manifest) for source in sources}
+        self.decode_in = "processes" if chosen == {"processes"} else "threads"
+        self._processes: ProcessDecoder | None = None
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
         if options.size is not None or options.augment is not None:
@@ -170,7 +175,11 @@ class Producer:
         # of an epoch, which nothing can prefetch, is ready in 1/workers of the time; a
         # user's collate wants the whole batch.
         split = 1 if ready or opts.collate is not None else workers
+        processes = None if ready else self.start_processes()
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
+            submit: Callable[[int, Window], Future[Batch]] = (
+                processes.submit if processes else lambda i, part: pool.submit(finish[i], part)
+            )
             pending: deque[list[tuple[int, Future[Batch]]]] = deque()
             try:
                 for parts, rows in self._gathered(stores, lane, verify, shared):
@@ -182,7 +191,7 @@ class Producer:
                         continue
                     pending.append(
                         [
-                            (i, pool.submit(finish[i], piece))
+                            (i, submit(i, piece))
                             for i, window in parts
                             for piece in split_window(window, split)
                         ]
@@ -227,7 +236,7 @@ class Producer:
         """One batch of its finished parts; in a mixture, with the store of each record."""
         stack = self.options.collate is None
         if not self.planner.mixed:
-            return merge_batches([batch for _, batch in parts], stack=stack)
+            return merge_parts([batch for _, batch in parts], stack=stack)
         as_stored = all(isinstance(b.images, np.ndarray) and not b.skipped for _, b in parts)
         if rows is not None and as_stored:
             # Every store's part is its rows of the batch array, as gathered: nothing to copy.
@@ -336,6 +345,36 @@ class Producer:
         reserved = opts.buffer_chunks * chunk + in_flight * image
         return auto_depth(opts.buffer_chunks, chunk, memory, reserved)
 
+    def start_processes(self) -> ProcessDecoder | None:
+        """The pool of decode processes, where this reader decodes in processes: started
+        once per process (a DataLoader worker forked from this one starts its own), kept for
+        every epoch. The reader starts it from the thread that asks for an epoch, which
+        usually lives as long as the process (see ProcessDecoder)."""
+        if self.decode_in != "processes":
+            return None
+        if self._processes is None or self._processes.pid != os.getpid():
+            opts = self.options
+            given = [
+                (
+                    source.path,
+                    source.manifest,
+                    {
+                        "decode": opts.decode,
+                        "mode": opts.mode or source.manifest.storage.mode,
+                        "verify": opts.verify and source.manifest.storage.checksums,
+                        "on_error": opts.on_error,
+                        "transform": opts.transform,
+                        "size": opts.size,
+                        "fit": opts.fit,
+                        "collate": opts.collate,
+                    },
+                )
+                for source in self.sources
+            ]
+            workers = opts.workers or default_workers()
+            self._processes = ProcessDecoder(workers, given, stack=opts.collate is None)
+        return self._processes
+
     def _open_stores(self) -> list[Store]:
         if self._stores is None or self._store_pid != os.getpid():
             opts = self.options
@@ -351,6 +390,9 @@ class Producer:
             for store in self._stores:
                 store.close()
         self._stores = None
+        if self._processes is not None and self._processes.pid == os.getpid():
+            self._processes.close()
+        self._processes = None
 
 
 class _Cursor:

@@ -214,6 +214,7 @@ class Reader:
             # Nothing prefetched for this epoch (the first, a resume, an epoch skipped or
             # repeated, an epoch left before its end): start a producer here.
             self._stop_active()
+            self._producer.start_processes()  # from this thread: see ProcessDecoder
             stop = threading.Event()  # set when the prefetcher stops: decode threads give up early
             self._active = Prefetcher(
                 partial(self._producer.epochs, epoch, phases, stop),

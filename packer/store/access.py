@@ -18,7 +18,7 @@ import lmdb
 import numpy as np
 
 from packer.errors import CorruptRecordError, StoreError, UsageError
-from packer.imaging import cropping, resizing
+from packer.imaging import cropping, plain, resizing
 from packer.imaging import decode as imaging
 from packer.store import ShardReader, open_shard_reader
 from packer.store.hdf5_store import checksummed_metadata
@@ -336,11 +336,15 @@ def record_pixels(
     size: tuple[int, int] | None = None,
     fit: str = "crop",
     place: Callable[[int, int], cropping.Placement] | None = None,
+    plain_first: bool = False,
 ) -> np.ndarray:
     """A record's image as height x width x channels uint8, upright, resized to ``size``
     (height, width) if given; ``writable=False`` where the caller copies it anyway (a view
     of the payload or of Pillow's bytes: no copy). ``place(height, width)``: where the
-    upright image goes in the output instead (``imaging.decode_placed``), a new array."""
+    upright image goes in the output instead (``imaging.decode_placed``), a new array.
+    ``plain_first``: a plain JPEG or PNG straight from its C decoder (packer.imaging.plain),
+    the reader's path: libpng writes its complaints about a damaged PNG to stderr before
+    Pillow raises the error, which a command's one-line errors must not have."""
     if place is not None:
         if record.format == "raw":
             stored = np.frombuffer(record.data, dtype=np.uint8).reshape(record.shape)
@@ -352,6 +356,9 @@ def record_pixels(
         pixels = stored if size is None else resizing.resize(stored, size=size, fit=fit)
         return pixels.copy() if writable and pixels is stored else pixels
     if size is None:
-        return imaging.decode_array(bytes(record.data), mode, writable=writable)
+        data = bytes(record.data)
+        # A plain JPEG or PNG straight from its C decoder; anything else through Pillow.
+        fast = plain.pixels(data, mode) if plain_first else None
+        return fast if fast is not None else imaging.decode_array(data, mode, writable=writable)
     pixels = imaging.decode_resized(bytes(record.data), mode, size=size, fit=fit)
     return pixels.copy() if writable and not pixels.flags.writeable else pixels

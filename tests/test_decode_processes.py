@@ -1,0 +1,187 @@
+"""Decoding in worker processes (issue 23): the same batches as the threads, the same one-line
+errors, no process left behind, and the choice made from the store's own statistics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import store_path, write_image
+
+from packer import PackOptions, open_reader, pack
+from packer.errors import CorruptRecordError, UsageError
+from packer.reading.decode_procs import choose
+from packer.reading.options import ReaderOptions
+from packer.store.access import open_manifest
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """120 small PNGs and JPEGs in 3 classes, packed as LMDB in 2 shards."""
+    tmp = tmp_path_factory.mktemp("small")
+    for i in range(120):
+        ext = ".png" if i % 2 else ".jpg"
+        write_image(tmp / "images" / f"c{i % 3}" / f"{i:03d}{ext}", size=(16, 16), seed=i)
+    out = tmp / "s.lmdb"
+    pack(tmp / "images", out, PackOptions(seed=1, workers=2, shards=2))
+    return out
+
+
+def _epoch(store: Path, decode_in: str | None, **options: object) -> list[tuple]:
+    with open_reader(
+        store, batch_size=32, seed=5, chunk_size=10, with_paths=True, decode_in=decode_in, **options
+    ) as reader:
+        return list(reader.epoch(1))
+
+
+@pytest.mark.parametrize("options", [{}, {"shuffle": False, "workers": 1}, {"size": (8, 6)}])
+def test_processes_give_the_threads_batches(small: Path, options: dict) -> None:
+    threads, processes = _epoch(small, "threads", **options), _epoch(small, "processes", **options)
+    assert len(processes) == len(threads) == 4
+    for (im_t, lab_t, paths_t), (im_p, lab_p, paths_p) in zip(threads, processes):
+        assert paths_p == paths_t
+        np.testing.assert_array_equal(lab_p, lab_t)
+        assert isinstance(im_p, np.ndarray) and im_p.flags.writeable
+        np.testing.assert_array_equal(im_p, im_t)
+    assert sorted(p for _, _, paths in processes for p in paths) == sorted(
+        p for _, _, paths in threads for p in paths
+    )
+
+
+def test_small_images_decode_in_processes_by_default(small: Path, tmp_path: Path) -> None:
+    manifest = open_manifest(small)
+    assert choose(ReaderOptions(batch_size=8), manifest) == "processes"
+    assert choose(ReaderOptions(batch_size=8, decode_in="threads"), manifest) == "threads"
+    # decoding nothing, in a DataLoader worker, or a transform only threads can run: threads
+    assert choose(ReaderOptions(batch_size=8, decode=False), manifest) == "threads"
+    assert choose(ReaderOptions(batch_size=8, worker=(0, 2)), manifest) == "threads"
+    assert choose(ReaderOptions(batch_size=8, transform=lambda a: a), manifest) == "threads"
+    with pytest.raises(UsageError, match="transform that can be sent"):
+        choose(ReaderOptions(batch_size=8, transform=lambda a: a, decode_in="processes"), manifest)
+    with pytest.raises(UsageError, match="DataLoader worker"):
+        choose(ReaderOptions(batch_size=8, worker=(0, 2), decode_in="processes"), manifest)
+    with pytest.raises(UsageError, match="decode_in must be"):
+        ReaderOptions(batch_size=8, decode_in="gpu")
+    large = tmp_path / "large"
+    write_image(large / "c" / "a.jpg", size=(200, 150))
+    pack(large, tmp_path / "l.lmdb", PackOptions(seed=0, workers=1))
+    assert choose(ReaderOptions(batch_size=8), open_manifest(tmp_path / "l.lmdb")) == "threads"
+
+
+def test_a_corrupt_record_in_a_worker_is_the_same_one_line_error(
+    tmp_path: Path, backend: str
+) -> None:
+    root = tmp_path / "images"
+    for i in range(40):
+        write_image(root / "c" / f"{i:02d}.png", size=(16, 16), seed=i)
+    store = store_path(tmp_path, backend)
+    pack(root, store, PackOptions(backend=backend, seed=0, workers=1))
+    # One byte of one image changed where the shard holds it (originals are stored as they are)
+    shard = store / open_manifest(store).shards[0].file
+    data = bytearray(shard.read_bytes())
+    at = data.find((root / "c" / "07.png").read_bytes())
+    assert at > 0
+    data[at + 100] ^= 0xFF
+    shard.write_bytes(data)
+    errors = []
+    for decode_in in ("threads", "processes"):
+        with (
+            pytest.raises(CorruptRecordError) as caught,
+            open_reader(store, batch_size=16, shuffle=False, decode_in=decode_in) as reader,
+        ):
+            list(reader)
+        errors.append(str(caught.value))
+        assert caught.value.path == "c/07.png" and "\n" not in str(caught.value)
+    assert errors[0] == errors[1]
+    assert "checksum mismatch" in errors[1]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
+def test_decode_processes_die_with_a_sigkilled_reader(small: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from packer import open_reader
+        reader = open_reader({str(small)!r}, batch_size=8, decode_in="processes")
+        for epoch in range(10**6):
+            for batch in reader.epoch(epoch):
+                print("batch", flush=True)
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, env={**os.environ}, text=True
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "batch\n"
+    workers = _children(child.pid)
+    assert len(workers) >= 1
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [w for w in workers if _alive(w)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "decode processes outlived their reader"
+
+
+def test_torch_dataloader_with_workers_and_in_process(small: Path) -> None:
+    torch = pytest.importorskip("torch", reason="torch is an optional extra")
+    from torch.utils.data import DataLoader
+
+    from packer.torch_adapter import TorchDataset
+
+    with pytest.raises(UsageError, match="DataLoader worker"):
+        TorchDataset(small, batch_size=8, decode_in="processes")
+    seen = {}
+    for workers in (0, 2):  # 0: the reader in this process decodes in processes
+        dataset = TorchDataset(small, batch_size=8, seed=2, with_paths=True, output="torch")
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers)
+        batches = list(loader)
+        assert all(isinstance(images, torch.Tensor) for images, _, _ in batches)
+        seen[workers] = sorted(p for _, _, paths in batches for p in paths)
+    assert seen[0] == seen[2] and len(seen[0]) == 120
+
+
+def test_augmenting_small_images_decodes_in_threads(small: Path) -> None:
+    """Each record's crop is keyed by the epoch, which the process pool is not given: an
+    augmenting reader of small images stays in threads, and refuses processes in one line."""
+    from packer.augment import RandomHorizontalFlip, RandomResizedCrop
+
+    augment = [RandomResizedCrop(12), RandomHorizontalFlip()]
+    manifest = open_manifest(small)
+    assert choose(ReaderOptions(batch_size=8, augment=augment), manifest) == "threads"
+    with pytest.raises(UsageError, match="does not augment"):
+        choose(ReaderOptions(batch_size=8, augment=augment, decode_in="processes"), manifest)
+    with open_reader(small, batch_size=8, augment=augment, seed=3) as reader:
+        images, _ = next(iter(reader.epoch(0)))
+    assert images.shape[1:] == (12, 12, 3)
