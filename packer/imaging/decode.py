@@ -265,13 +265,23 @@ def decode_resized(
     power-of-two scale (1/2, 1/4, 1/8) that still covers the target, which costs a fraction
     of a full decode, by libjpeg-turbo where it can (``packer.imaging.jpeg_turbo``)."""
     shrink_to = functools.partial(resizing.resized_size, max_side=max_side, size=size, fit=fit)
+    pixels = _shrunk_upright(source, mode, max_pixels, shrink_to)
+    return resizing.resize(pixels, max_side, size, fit)
+
+
+def _shrunk_upright(
+    source: bytes | memoryview,
+    mode: str,
+    max_pixels: int,
+    shrink_to: Callable[[int, int], tuple[int, int] | None],
+) -> np.ndarray:
+    """Decoded upright in ``mode``, a JPEG at the reduced scale ``shrink_to`` allows: by
+    libjpeg-turbo where it can, else by Pillow; read-only where nothing copied it."""
     turbo = _decoded_by_turbo(source, mode, max_pixels, shrink_to)
     if turbo is not None:
-        pixels = jpeg_turbo.upright(*turbo)
-    else:
-        im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
-        pixels = to_array(im, writable=False)
-    return resizing.resize(pixels, max_side, size, fit)
+        return jpeg_turbo.upright(*turbo)
+    im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
+    return to_array(im, writable=False)
 
 
 def decode_placed(
@@ -295,12 +305,7 @@ def decode_placed(
     def shrink_to(width: int, height: int) -> tuple[int, int]:
         return cropping.least_decoded(placed(height, width), height, width)
 
-    turbo = _decoded_by_turbo(source, mode, max_pixels, shrink_to)
-    if turbo is not None:
-        pixels = jpeg_turbo.upright(*turbo)
-    else:
-        im, _ = decode(source, mode, max_pixels, shrink_to=shrink_to)
-        pixels = to_array(im, writable=False)
+    pixels = _shrunk_upright(source, mode, max_pixels, shrink_to)
     if not asked:  # not a JPEG: decoded at full size, placed now
         placed(pixels.shape[0], pixels.shape[1])
     height, width, placement = asked[0]
