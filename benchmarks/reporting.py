@@ -38,12 +38,17 @@ def command(script: str, argv: Sequence[str] | None = None) -> str:
     return shlex.join(["python", f"benchmarks/{Path(script).name}", *args])
 
 
-def header(title: str, run: str) -> str:
+def today() -> str:
+    """Today's date (UTC), as a results page states it."""
+    return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+def header(title: str, run: str, on: str | None = None, date: str | None = None) -> str:
     """A results page's top: the title, then machine, command and date, once. A date, not a
-    time: the page states current results, and git keeps their history."""
+    time: the page states current results, and git keeps their history. ``on`` and ``date``
+    default to this machine and today; a page rendered from a saved run passes that run's."""
     return (
-        f"# {title}\n\nMachine: {machine()}. Date: {time.strftime('%Y-%m-%d', time.gmtime())}.\n\n"
-        f"Command: `{run}`\n\n"
+        f"# {title}\n\nMachine: {on or machine()}. Date: {date or today()}.\n\nCommand: `{run}`\n\n"
     )
 
 
