@@ -675,7 +675,9 @@ def render(report: dict[str, Any]) -> str:
         if spread > 1:  # more than one repeat
             on += f", so rates moved up to {spread:.1f}x between repeats: compare within a column"
         on += ")"
-    text = reporting.header("Benchmark: augmented epochs", report["command"], on, report["date"])
+    text = reporting.header(
+        "Benchmark: augmented epochs", report["command"], on=on, date=report["date"]
+    )
     text += _setting(report) + _rates_table(report) + _goals_table(report)
     text += _cpu_table(report["results"]) + _skipped(report["results"])
     text += _cpu_note(report["results"]) + _findings(report)

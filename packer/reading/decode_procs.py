@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -169,8 +170,17 @@ class ProcessDecoder:
         return outer
 
     def close(self) -> None:
-        """Stop the workers; a task under way is abandoned."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers; a task under way is abandoned: its worker is killed, so that a
+        slow transform does not hold up a Ctrl-C, and the pool's pipes are closed on return."""
+        # The executor's own processes: before Python 3.14 it has no call that ends them.
+        workers = list((self._pool._processes or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + 0.2  # an idle worker ends at once; a busy one is killed
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                worker.kill()
+        self._pool.shutdown(wait=True)
 
 
 def merge_parts(parts: list[Batch], stack: bool) -> Batch:

@@ -352,8 +352,10 @@ class Reader:
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit the daemon threads just end
-            self._stop_active()
+        # A reader dropped without close lets go of its threads, stores and decode processes
+        # now, not when the collector finds them. At interpreter exit the daemon threads just end.
+        with contextlib.suppress(Exception):
+            self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # A reader travels to DataLoader workers as its path, options and position only.
