@@ -107,3 +107,12 @@ def test_everything_the_reference_shows_has_a_docstring() -> None:
     for name in packer.__all__:
         if name not in ("__version__", "PackerError"):  # PackerError: with the other errors
             assert f"::: packer.{name}" in reference, name
+
+
+def test_the_changelog_links_nothing_by_a_relative_path() -> None:
+    """CHANGELOG.md is shown both at the repository's root and inside the docs site
+    (docs/changelog.md includes it): a relative link can resolve in only one of the two, and
+    the site's strict build fails on it. Pages are named in plain text there."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    relative = re.findall(r"\]\((?!https?://|#)([^)]+)\)", text)
+    assert relative == []
