@@ -64,8 +64,8 @@ def check_wheel(path: Path) -> list[str]:
             problems.append(f"METADATA has no classifier {want!r}")
     if not meta.get_all("Project-URL"):
         problems.append("METADATA has no Project-URL")
-    if "packer = packer.cli.commands:main" not in entry_points:
-        problems.append("entry_points.txt has no `packer = packer.cli.commands:main`")
+    if "packer = packer.cli:main" not in entry_points:
+        problems.append("entry_points.txt has no `packer = packer.cli:main`")
     return problems
 
 
