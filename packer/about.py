@@ -3,7 +3,9 @@ install."""
 
 from __future__ import annotations
 
-__all__ = ["DISTRIBUTION", "install_hint"]
+from types import ModuleType
+
+__all__ = ["DISTRIBUTION", "install_hint", "require_torch"]
 
 # The name on the package index: `packer` there is an unrelated project from 2013. The import
 # name and the command stay `packer`; pyproject.toml's [project] name must match (tested).
@@ -14,3 +16,18 @@ def install_hint(extra: str | None = None, *, upgrade: bool = False) -> str:
     """The command that installs this packer, with ``extra`` (torch, dask) where one is needed."""
     what = f"'{DISTRIBUTION}[{extra}]'" if extra else DISTRIBUTION
     return f"pip install {'--upgrade ' if upgrade else ''}{what}"
+
+
+def require_torch(what: str) -> ModuleType:
+    """PyTorch, imported; where it is not installed, ModuleNotFoundError saying that ``what``
+    needs it and the command that installs it (a missing module torch itself imports is
+    raised as it is)."""
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        raise ModuleNotFoundError(
+            f"{what} needs PyTorch: {install_hint('torch')}", name="torch"
+        ) from None
+    return torch

@@ -7,22 +7,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from packer.about import install_hint
+from packer.about import require_torch
 from packer.errors import UsageError
 from packer.reading.lanes import Phase
 from packer.reading.options import ReaderOptions, rank_and_world
 from packer.reading.reader import Reader, StorePaths
 
-try:
-    from torch.utils.data import IterableDataset, get_worker_info
-except ModuleNotFoundError as e:
-    if e.name != "torch":
-        raise
-    # Reached by importing TorchDataset: say what to install.
-    raise ModuleNotFoundError(
-        f"packer.torch_adapter needs PyTorch: {install_hint('torch')}",
-        name="torch",
-    ) from None
+# Reached by importing TorchDataset: say what to install.
+require_torch("packer.torch_adapter")
+from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 __all__ = ["TorchDataset"]
 

@@ -116,3 +116,19 @@ def test_the_changelog_links_nothing_by_a_relative_path() -> None:
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     relative = re.findall(r"\]\((?!https?://|#)([^)]+)\)", text)
     assert relative == []
+
+
+def test_every_pip_install_of_packer_names_its_distribution() -> None:
+    """`packer` on the package index is another project: the README and the docs install
+    this one as packer-image-shards (or from a checkout), never by the bare name."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    wrong = [
+        f"{page.name}: {line.strip()}"
+        for page in pages
+        for line in page.read_text(encoding="utf-8").splitlines()
+        if re.search(r"pip install (--upgrade )?['\"]?packer(?![\w-])", line)
+    ]
+    assert wrong == []
+    assert re.search(
+        r"pip install (--upgrade )?['\"]?packer(?![\w-])", "pip install 'packer[torch]'"
+    )

@@ -8,19 +8,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from packer.about import install_hint
+from packer.about import require_torch
 from packer.reading.batching import Batch
 
-try:
-    import torch
-except ModuleNotFoundError as e:
-    if e.name != "torch":
-        raise
-    # Reached by output="torch": say what to install.
-    raise ModuleNotFoundError(
-        f"output='torch' needs PyTorch: {install_hint('torch')}",
-        name="torch",
-    ) from None
+# Reached by output="torch": say what to install.
+torch = require_torch("output='torch'")
 
 __all__ = ["BatchMover"]
 
