@@ -241,13 +241,15 @@ def test_a_truncated_shard_is_named_even_when_skipping(
 _ITERATE = """
 import itertools, sys, time
 from packer import open_reader
-slow, seconds = sys.argv[2], float(sys.argv[3])
+slow, seconds, decode_in = sys.argv[2], float(sys.argv[3]), sys.argv[4]
 calls = itertools.count()
 def transform(image):
-    if slow == "transform" and next(calls) >= 32:  # the first batch comes quickly
+    if slow == "transform" and next(calls) >= 20:  # the first batch comes quickly
         time.sleep(seconds)
     return image
-with open_reader(sys.argv[1], batch_size=32, workers=2, transform=transform) as reader:
+with open_reader(
+    sys.argv[1], batch_size=20, workers=2, transform=transform, decode_in=decode_in
+) as reader:
     for epoch in range(1000):
         for batch in reader.epoch(epoch):
             print("batch", flush=True)
@@ -257,15 +259,23 @@ with open_reader(sys.argv[1], batch_size=32, workers=2, transform=transform) as 
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
-@pytest.mark.parametrize(("variant", "slow"), [("lmdb", "transform"), ("hdf5", "consumer")])
+@pytest.mark.parametrize(
+    ("variant", "slow", "decode_in"),
+    [
+        ("lmdb", "transform", "threads"),
+        ("lmdb", "transform", "processes"),
+        ("hdf5", "consumer", "threads"),
+    ],
+)
 def test_ctrl_c_during_an_epoch_ends_the_process_promptly(
-    packed: dict[str, Path], variant: str, slow: str
+    packed: dict[str, Path], variant: str, slow: str, decode_in: str
 ) -> None:
-    """SIGINT while decode threads run a slow transform (each batch part is 16 records x
-    0.25 s, so waiting for the part would take 4 s), or while the loop is in a slow step:
-    KeyboardInterrupt, and the process is gone within 2 s, no thread left waiting."""
+    """SIGINT while decode threads or processes run a slow transform (each batch part is 10
+    records x 0.4 s, so waiting for the part would take 4 s; a process cannot see the stop
+    event, so the prefetch thread must give up on its part), or while the loop is in a slow
+    step: KeyboardInterrupt, and the process is gone within 2 s, no thread left waiting."""
     child = subprocess.Popen(
-        [sys.executable, "-c", _ITERATE, str(packed[variant]), slow, "0.25"],
+        [sys.executable, "-c", _ITERATE, str(packed[variant]), slow, "0.4", decode_in],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

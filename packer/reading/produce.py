@@ -15,7 +15,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,6 +30,7 @@ from packer.imaging import resizing
 from packer.reading import epoch as plan
 from packer.reading.batching import (
     Batch,
+    Stopped,
     Window,
     concat,
     finish_batch,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Producer", "Source", "EPOCH_END"]
 
+_STOP_POLL_S = 0.1  # how often a wait for a batch part looks at stop
 EPOCH_END = object()  # what a producer sends between one epoch's batches and the next's
 
 
@@ -197,10 +199,11 @@ class Producer:
                         ]
                     )
                     while len(pending) > workers:
-                        done = [(i, f.result()) for i, f in pending.popleft()]
+                        done = [(i, _result(f, stop)) for i, f in pending.popleft()]
                         yield mover(self._joined(done, None))
                 while pending:
-                    yield mover(self._joined([(i, f.result()) for i, f in pending.popleft()], None))
+                    done = [(i, _result(f, stop)) for i, f in pending.popleft()]
+                    yield mover(self._joined(done, None))
             finally:
                 for futures in pending:
                     for _, future in futures:
@@ -393,6 +396,16 @@ class Producer:
         if self._processes is not None and self._processes.pid == os.getpid():
             self._processes.close()
         self._processes = None
+
+
+def _result(future: Future[Batch], stop: threading.Event) -> Batch:
+    """``future``'s batch part, waited for in slices: once ``stop`` is set the thread gives
+    up on it. A decode thread notices stop itself, but a decode process cannot: its part
+    would hold a Ctrl-C for as long as the user's transform runs."""
+    while not wait([future], timeout=_STOP_POLL_S).done:
+        if stop.is_set():
+            raise Stopped("the epoch was stopped")
+    return future.result()
 
 
 class _Cursor:
