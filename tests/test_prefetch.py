@@ -367,7 +367,7 @@ def test_keyboard_interrupt_while_waiting(baseline: int) -> None:
 
     def slow() -> Iterator[int]:
         while True:
-            time.sleep(0.5)
+            time.sleep(1.0)
             yield 0
 
     def on_alarm(signum: int, frame: object) -> None:
@@ -380,11 +380,11 @@ def test_keyboard_interrupt_while_waiting(baseline: int) -> None:
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             next(pf)
-        assert time.monotonic() - t0 < 0.4  # did not wait for the 0.5 s item
+        assert time.monotonic() - t0 < 0.6  # did not wait for the 1 s item
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert _alive(name)
     t0 = time.monotonic()
     pf.close()
-    assert not _alive(name) and time.monotonic() - t0 < 1.5
+    assert not _alive(name) and time.monotonic() - t0 < 2.0
