@@ -11,6 +11,10 @@ medians over several rounds, made in turn, tell it from the noise.
     python benchmarks/ab_pack.py c8f8c5d~1 c8f8c5d --backend lmdb     # that commit's gain
     python benchmarks/ab_pack.py HEAD --backend hdf5 --check full --rounds 6
     python benchmarks/ab_pack.py HEAD --source ~/photos    # another folder than the bench's
+    python benchmarks/ab_pack.py main --out /tmp/ab.md     # the result as a page, for a review
+
+Its result is a comparison of two revisions, so it has no page under docs/: ``--out`` writes
+one where asked (a pull request, a commit message's source), with every round.
 """
 
 from __future__ import annotations
@@ -77,6 +81,35 @@ def one_round(code: Path, source: Path, out: Path, args: argparse.Namespace) -> 
     return dict(json.loads(done.stdout.splitlines()[-1]))
 
 
+def page(
+    command: str,
+    args: argparse.Namespace,
+    versions: dict[str, str | None],
+    rounds: list[dict[str, dict[str, float]]],
+) -> str:
+    """The result: every round's figures, then new/base of the medians over the rounds."""
+    label = {name: versions[name] or "the working tree" for name in versions}
+    text = reporting.header("Two revisions' packs, side by side", command)
+    text += (
+        f"base: {label['base']}; new: {label['new']}. {args.backend}, `--check {args.check}`; "
+        f"each round one fresh process per revision, in turn, packing {args.packs} times after "
+        "an uncounted first pack; seconds are the median and best pack of the process, CPU its "
+        "median CPU seconds a pack.\n\n"
+    )
+    rows = [
+        [str(r), *(f"{got[n]['median']:.3f}, {got[n]['best']:.3f}, {got[n]['cpu']:.3f}"
+                   for n in versions)]
+        for r, got in enumerate(rounds, 1)
+    ]  # fmt: skip
+    text += reporting.table(
+        ["round", "base: median, best s, CPU s", "new: median, best s, CPU s"], rows
+    )
+    base, new = (statistics.median(got[n]["median"] for got in rounds) for n in versions)
+    return text + (
+        f"Median over the rounds: base {base:.3f} s, new {new:.3f} s; new/base {new / base:.3f}.\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("base", help="git revision to compare against")
@@ -89,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--source", type=Path, help="pack this folder instead of bench_pack's images"
     )
+    parser.add_argument("--out", type=Path, help="also write the result as a page here")
     args = parser.parse_args(argv)
     root = args.source or prepare_data(args.workdir / "images", DEFAULT_IMAGES, (300, 640)).root
     scratch = Path(tempfile.mkdtemp(prefix="packer-ab-"))
@@ -97,29 +131,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, revision in versions.items():
             codes[name] = checkout(revision, scratch / name)
-        medians: dict[str, list[float]] = {name: [] for name in versions}
+        rounds: list[dict[str, dict[str, float]]] = []
         for r in range(args.rounds):
             got = {
                 name: one_round(codes[name], root, scratch / f"out-{name}", args)
                 for name in versions
             }
-            for name, g in got.items():
-                medians[name].append(g["median"])
+            rounds.append(got)
             print(
                 f"round {r + 1}: "
                 + " | ".join(
                     f"{name} median {g['median']:.3f} s, best {g['best']:.3f}, CPU {g['cpu']:.3f}"
                     for name, g in got.items()
-                )
+                ),
+                file=sys.stderr,
             )
-        base, new = (statistics.median(medians[name]) for name in versions)
-        print(reporting.header("Two revisions' packs, side by side", reporting.command(__file__)))
-        label = {name: versions[name] or "working tree" for name in versions}
-        print(
-            f"{args.backend} --check {args.check}, median of {args.rounds} rounds of "
-            f"{args.packs} packs: base ({label['base']}) {base:.3f} s, new ({label['new']}) "
-            f"{new:.3f} s, new/base {new / base:.3f}"
-        )
+        text = page(reporting.command(__file__, argv), args, versions, rounds)
+        if args.out:
+            reporting.write(args.out, text)
+        print(text)
     finally:
         for name, revision in versions.items():
             if revision is not None and name in codes:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Ways a shuffling raw reader could copy pixels, timed bare (no reader around them), against
-the reader itself: what the README's "What would close more of the gap" rests on.
+the reader itself: the measurement behind the design notes' "single-copy gather".
 
-Each run reads --epochs shuffled epochs of ``benchmarks/bench_reader.py``'s raw 64x64 stores
-(packed there; run it first) with the reader's epoch plan (chunks of 47 records, windows of
+Each run reads --epochs shuffled epochs of ``benchmarks/bench_reader.py``'s raw 64x64 HDF5
+store (its generated folder and store, cached in the same place; made here where missing) with the reader's epoch plan (chunks of 47 records, windows of
 8 chunks), batches of 256 made new and the last 6 kept alive, as a prefetching reader does:
 
   hdf5 window + take     HDF5 reads each chunk into a window, np.take gathers each batch
@@ -12,11 +12,13 @@ Each run reads --epochs shuffled epochs of ``benchmarks/bench_reader.py``'s raw 
                          by chunk, one np.take per group straight from the page cache
   hdf5 map, per record   the same maps, each record copied to its row by a line of Python
                          (keeps the order inside the batch)
-  lmdb window + take     each value copied into a window, np.take per batch (the reader's way)
-  lmdb scatter           each value copied straight to its row in its batch: no window, no take
-  reader hdf5 / lmdb     open_reader(store, batch_size=256, verify=False), the same epochs
+  reader hdf5            open_reader(store, batch_size=256, verify=False), the same epochs
 
-    python benchmarks/bench_gather_paths.py            # ~10 s
+HDF5 only: an LMDB shard of raw pixels holds blocks of consecutive records (format 5), so its
+chunk is already read by copying a few blocks' payload bytes, with no per-record work.
+
+    python benchmarks/bench_gather_paths.py   # ~1 minute; writes docs/benchmarks/components/...
+    python benchmarks/bench_gather_paths.py --images 300 --epochs 1 --repeat 1 --out /tmp/g.md
 """
 
 from __future__ import annotations
@@ -30,13 +32,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import h5py
-import lmdb
 import numpy as np
 import reporting
+from bench_reader import SEED, packed, prepare_folder
 
-from packer import open_reader, read_manifest
+from packer import PackOptions, open_reader, read_manifest
 from packer.reading import epoch as plan
-from packer.store.lmdb_store import record_key
 
 BATCH, CHUNK, BUFFER, ALIVE = 256, 47, 8, 6
 
@@ -122,58 +123,6 @@ def hdf5_map_per_record(path: Path, epochs: int) -> None:
         kept.append(batch)
 
 
-def lmdb_read(txn: lmdb.Transaction, span: plan.Span, targets: list[memoryview]) -> None:
-    cursor = txn.cursor()
-    cursor.set_key(record_key(span.start))
-    for target, value in zip(targets, cursor.iternext(keys=False)):
-        target[:] = value
-
-
-def lmdb_window_take(path: Path, epochs: int, num_records: int, shape: tuple[int, ...]) -> None:
-    kept: deque[np.ndarray] = deque(maxlen=ALIVE)
-    row = int(np.prod(shape))
-    window = np.empty((BUFFER * CHUNK, *shape), np.uint8)
-    flat = window.reshape(-1).data
-    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
-    with env, env.begin(buffers=True) as txn:
-        for epoch in range(epochs):
-            for w in windows(num_records, epoch):
-                at = 0
-                for s in w:
-                    lmdb_read(
-                        txn, s, [flat[(at + i) * row : (at + i + 1) * row] for i in range(len(s))]
-                    )
-                    at += len(s)
-                order = np.random.default_rng(epoch).permutation(at)
-                for part in batches_of(order):
-                    batch = np.empty((len(part), *shape), np.uint8)
-                    kept.append(np.take(window, part, axis=0, out=batch, mode="clip"))
-
-
-def lmdb_scatter(path: Path, epochs: int, num_records: int, shape: tuple[int, ...]) -> None:
-    kept: deque[np.ndarray] = deque(maxlen=ALIVE)
-    row = int(np.prod(shape))
-    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
-    with env, env.begin(buffers=True) as txn:
-        for epoch in range(epochs):
-            for w in windows(num_records, epoch):
-                size = sum(len(s) for s in w)
-                order = np.random.default_rng(epoch).permutation(size)
-                batches = [np.empty((len(p), *shape), np.uint8) for p in batches_of(order)]
-                flats = [b.reshape(-1).data for b in batches]
-                place = np.empty(size, np.int64)
-                place[order] = np.arange(size)  # window position -> position in the output
-                targets = [
-                    flats[q // BATCH][q % BATCH * row : (q % BATCH + 1) * row]
-                    for q in place.tolist()
-                ]
-                at = 0
-                for s in w:
-                    lmdb_read(txn, s, targets[at : at + len(s)])
-                    at += len(s)
-                kept.extend(batches)
-
-
 def reader(store: Path, epochs: int) -> None:
     with open_reader(store, batch_size=BATCH, seed=0, verify=False) as r:
         for epoch in range(epochs):
@@ -181,37 +130,36 @@ def reader(store: Path, epochs: int) -> None:
                 pass
 
 
+def raw_store(workdir: Path, images: int) -> Path:
+    """bench_reader.py's raw 64x64 HDF5 store of its ``images``-image folder, packed where it
+    is missing (by its own cache, so either script reuses the other's)."""
+    name = f"images-{images}"
+    data = prepare_folder(workdir / name, images, (200, 500))
+    options = PackOptions(backend="hdf5", seed=SEED, raw=True, size=(64, 64))
+    return packed(data, workdir / "stores" / name / "raw-64x64.h5", options)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/packer-bench-read"))
+    parser.add_argument("--images", type=int, default=3000, help="the generated folder's size")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=5)
+    reporting.out_option(parser, "components/gather-paths.md")
     args = parser.parse_args(argv)
-    stores = args.workdir / "stores" / "images-3000"
-    h5, lm = stores / "raw-64x64.h5", stores / "raw-64x64.lmdb"
-    if not (h5.is_dir() and lm.is_dir()):
-        print(
-            f"no raw stores under {stores}: run benchmarks/bench_reader.py first", file=sys.stderr
-        )
-        return 1
+    h5 = raw_store(args.workdir, args.images)
     (h5_shard,) = [h5 / s.file for s in read_manifest(h5).shards]
     maps = H5Maps(h5_shard)  # the maps address the same pixels h5py reads
     with h5py.File(h5_shard, "r") as f:
         for record in {0, maps.rows_per_chunk, maps.shape[0] - 1}:
             chunk, row = maps.where(np.array([record]))
             assert np.array_equal(maps.chunks[int(chunk[0])][int(row[0])], f["images"][record])
-    manifest = read_manifest(lm)
-    (lm_shard,) = [lm / s.file for s in manifest.shards]
-    shape = tuple(manifest.storage.shape)
-    n = manifest.num_records
+    n, shape = maps.shape[0], maps.shape[1:]
     runs: dict[str, Callable[[], None]] = {
-        "hdf5 window + take": lambda: hdf5_window_take(h5_shard, args.epochs),
-        "hdf5 map, grouped take": lambda: hdf5_map_grouped(h5_shard, args.epochs),
-        "hdf5 map, per record": lambda: hdf5_map_per_record(h5_shard, args.epochs),
-        "reader hdf5": lambda: reader(h5, args.epochs),
-        "lmdb window + take": lambda: lmdb_window_take(lm_shard, args.epochs, n, shape),
-        "lmdb scatter": lambda: lmdb_scatter(lm_shard, args.epochs, n, shape),
-        "reader lmdb": lambda: reader(lm, args.epochs),
+        "window + take (the reader's way)": lambda: hdf5_window_take(h5_shard, args.epochs),
+        "maps, grouped take": lambda: hdf5_map_grouped(h5_shard, args.epochs),
+        "maps, per record": lambda: hdf5_map_per_record(h5_shard, args.epochs),
+        "the reader (`verify=False`)": lambda: reader(h5, args.epochs),
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.repeat):  # interleaved: every way is timed side by side
@@ -219,11 +167,27 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - started)
-    print(reporting.header("Gathering raw batches", reporting.command(__file__)))
-    print(f"{n:,} raw {'x'.join(map(str, shape))} records, {args.epochs} epochs; seconds:")
+    text = reporting.header("Gathering raw batches", reporting.command(__file__, argv))
+    text += (
+        f"An HDF5 store of {n:,} raw {'x'.join(map(str, shape))} records (the raw store of "
+        f"`bench_reader.py`), {args.epochs} shuffled epochs a run "
+        f"with the reader's epoch plan (chunks of {CHUNK} records, windows of {BUFFER} chunks), "
+        f"batches of {BATCH} made new and the last {ALIVE} kept alive, as a prefetching reader "
+        f"does; seconds a run, {args.repeat} runs of each way interleaved. *window + take*: each "
+        "chunk read into a window, `np.take` gathers each batch; *maps*: memory maps of the "
+        "shard's HDF5 chunks, a batch's records grouped by chunk and taken straight from the page "
+        "cache, or copied one by one by a line of Python. The repeats after the first (which warms "
+        "caches up) are shown as a range. HDF5 only: an LMDB shard of raw pixels holds blocks of "
+        "consecutive records, so its chunk is already copied a few blocks' payload bytes at a "
+        "time.\n\n"
+    )
+    rows = []
     for name, seconds in times.items():
-        rest = sorted(seconds[1:] or seconds)  # the first repeat warms caches up
-        print(f"  {name:24} best {min(seconds):.4f}   repeats 2+: {rest[0]:.4f}-{rest[-1]:.4f}")
+        rest = sorted(seconds[1:] or seconds)
+        rows.append([name, f"{min(seconds):.4f}", f"{rest[0]:.4f}-{rest[-1]:.4f}"])
+    text += reporting.table(["way", "best s", "repeats 2+, s"], rows)
+    reporting.write(args.out, text)
+    print(text)
     return 0
 
 

@@ -12,6 +12,7 @@ written all the same and the chart is left as it was.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shlex
@@ -56,6 +57,14 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A Markdown table; each cell as given (format numbers before)."""
     lines = [columns, ["---"] * len(columns), *rows]
     return "".join("| " + " | ".join(map(str, line)) + " |\n" for line in lines) + "\n"
+
+
+def out_option(parser: argparse.ArgumentParser, page: str) -> None:
+    """``--out``: where the script writes its results page, by default ``page`` under
+    docs/benchmarks/ (a smoke run names another file, so the docs keep the real run)."""
+    parser.add_argument(
+        "--out", type=Path, default=DOCS / page, help=f"results page (docs/benchmarks/{page})"
+    )
 
 
 def write(path: Path, text: str) -> Path:
