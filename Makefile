@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml packer/__init__.py | cksu
 # the CPU build. 2.13.0 is pinned because this project's machines carry that wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-torch demo test test-slow lint fmt docs bench dist smoke clean
+.PHONY: install install-torch demo test test-slow lint fmt docs bench bench-components dist smoke clean
 
 install: $(STAMP)
 
@@ -62,6 +62,12 @@ bench: install install-torch
 	$(BIN)/python benchmarks/bench_pack.py
 	$(BIN)/python benchmarks/bench_reader.py
 	$(BIN)/python benchmarks/bench_store_size.py
+
+# The measurements behind the design notes, one after another (each a few minutes at most),
+# each rewriting its page under docs/benchmarks/components/.
+COMPONENTS := row_checks decode_pool array_export resize lmdb_write hdf5_layout gather_paths dask
+bench-components: install
+	for name in $(COMPONENTS); do $(BIN)/python benchmarks/bench_$$name.py || exit 1; done
 
 # The wheel and the sdist in dist/, by the standard front end; their metadata and contents
 # checked (twine, scripts/check_dist.py).

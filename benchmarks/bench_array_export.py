@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         f"A decoded {args.side}x{args.side} RGB JPEG turned into an H x W x 3 array; microseconds "
         f"an image, best of {args.repeat}. Pillow's Arrow export is a zero-copy view of its "
         "storage, which keeps four bytes per RGB pixel, so NumPy copies it out without the "
-        "fourth.\n\n"
+        f"fourth. {reporting.load()}\n\n"
     )
     text += reporting.table(
         ["way", "µs an image"],
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             ["Arrow view + NumPy copy dropping the fourth byte", f"{arrow:,.0f}"],
         ],
     )
-    text += f"The Arrow way takes {arrow / tobytes:.1f}x the time of `tobytes`.\n"
+    text += f"The Arrow way takes {arrow / tobytes:.1f}× the time of `tobytes`.\n"
     reporting.write(args.out, text)
     print(text)
 

@@ -61,7 +61,7 @@ def page(command: str, args: argparse.Namespace, rows: list[dict[str, Any]]) -> 
         f"{args.images:,} generated 320x240 JPEGs packed into {args.shards} LMDB shards "
         f"({check}), by the local pack and by local Dask clusters of worker processes (one "
         "thread each). Each cluster is started before its clock starts, its start-up shown "
-        "apart; every Dask store is byte-identical to the local one.\n\n"
+        f"apart; every Dask store is byte-identical to the local one. {reporting.load()}\n\n"
     )
     text += reporting.table(
         ["packer", "seconds", "images/s", "vs local (time)", "cluster start-up"],
@@ -73,7 +73,7 @@ def page(command: str, args: argparse.Namespace, rows: list[dict[str, Any]]) -> 
     )  # fmt: skip
     fastest = min(rows[1:], key=lambda r: r["seconds"])
     return text + (
-        f"The fastest Dask run ({fastest['packer']}) takes {fastest['vs_local']:.2f}x the local "
+        f"The fastest Dask run ({fastest['packer']}) takes {fastest['vs_local']:.2f}× the local "
         f"pack's time on this machine of {os.cpu_count()} cores.\n"
     )
 

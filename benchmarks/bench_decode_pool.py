@@ -81,7 +81,7 @@ def page(command: str, args: argparse.Namespace, cores: int, rates: dict[str, fl
         f'second, best of {args.repeat}. Pillow is `Image.open(...).convert("RGB")`; '
         "libjpeg-turbo is `simplejpeg.decode_jpeg`, straight into NumPy, as packer's reader "
         "decodes JPEGs. A process pool receives the bytes and returns the arrays by pickling, as "
-        "a process pool must.\n\n"
+        f"a process pool must. {reporting.load()}\n\n"
     )
     rows = [
         [decoder, *(f"{rates[f'{decoder}, {pool}']:,.0f}" for pool in pools)]
@@ -91,8 +91,8 @@ def page(command: str, args: argparse.Namespace, cores: int, rates: dict[str, fl
     threads, processes = (rates[f"libjpeg-turbo, {pool}"] for pool in pools[1:])
     turbo_vs_pillow = threads / rates[f"Pillow, {pools[1]}"]
     return text + (
-        f"On {cores} threads libjpeg-turbo decodes {turbo_vs_pillow:.2f}x Pillow's images a "
-        f"second; {cores} processes give {processes / threads:.2f}x {cores} threads.\n"
+        f"On {cores} threads libjpeg-turbo decodes {turbo_vs_pillow:.2f}× Pillow's images a "
+        f"second; {cores} processes give {processes / threads:.2f}× {cores} threads.\n"
     )
 
 

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "cache, or copied one by one by a line of Python. The repeats after the first (which warms "
         "caches up) are shown as a range. HDF5 only: an LMDB shard of raw pixels holds blocks of "
         "consecutive records, so its chunk is already copied a few blocks' payload bytes at a "
-        "time.\n\n"
+        f"time. {reporting.load()}\n\n"
     )
     rows = []
     for name, seconds in times.items():

@@ -274,7 +274,7 @@ def page(rep: dict[str, Any], command: str) -> str:
         "files sit in the page cache): they measure HDF5 and h5py, not the disk. Flat datasets "
         f"are written with `fill_time={rep['flat_fill_time']}`; h5py {rep['h5py']}, HDF5 "
         f"{rep['hdf5']}. *vs 16 MiB chunks*: speed relative to flat bytes in 16 MiB chunks "
-        "(above 1 is faster).\n\n"
+        f"(above 1 is faster). {reporting.load()}\n\n"
     )
     rows = [
         [

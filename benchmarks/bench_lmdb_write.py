@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{total_mb:,.0f} MB of {VALUE_BYTES // 1000} KB values ({args.count:,}), each a new bytes "
         "object as a pack's writer makes one per record, written by bare LMDB at several "
         "transaction sizes, with and without `writemap`, and synced at the end; against one "
-        f"plain write + fsync of the same bytes. Best of {args.repeat}.\n\n"
+        f"plain write + fsync of the same bytes. Best of {args.repeat}. {reporting.load()}\n\n"
     )
-    text += reporting.table(["write", "writemap", "seconds", "x plain write"], rows)
+    text += reporting.table(["write", "writemap", "seconds", "× plain write"], rows)
     reporting.write(args.out, text)
     print(text)
 

@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         "RGB array; *Pillow bilinear*, the DataLoader's resize; *Pillow bicubic*; *OpenCV "
         "bilinear* alone, with no box average; *packer's resize* "
         '(`resizing.resize(pixels, size=(224, 224), fit="stretch")`); *decode + resize*, '
-        "the reader's `size=` path (a JPEG decoded at a reduced scale first).\n\n"
+        "the reader's `size=` path (a JPEG decoded at a reduced scale first). "
+        f"{reporting.load()}\n\n"
     )
     columns = list(next(iter(rows.values())))
     text += reporting.table(

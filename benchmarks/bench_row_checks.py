@@ -63,7 +63,8 @@ def page(command: str, args: argparse.Namespace, report: dict[str, dict[str, flo
         f"{args.budget:g} s. Each way runs alone, then "
         "beside a busy Python thread, as a reader's producer runs beside the training loop and "
         "its decode threads: a call per row gives up the GIL once per row and must win it back "
-        "each time, one pass over the block gives it up once.\n\n"
+        "each time, one pass over the block gives it up once. "
+        f"{reporting.load()}\n\n"
     )
     rows = [
         [name, f"{r['alone_rows_per_s']:,.0f}", f"{r['beside_busy_thread_rows_per_s']:,.0f}"]
@@ -76,7 +77,7 @@ def page(command: str, args: argparse.Namespace, report: dict[str, dict[str, flo
         if name.startswith("packer")
     )
     return text + (
-        f"Beside a busy thread, packer's one pass checks {one_pass / per_row:,.1f}x as many rows "
+        f"Beside a busy thread, packer's one pass checks {one_pass / per_row:,.1f}× as many rows "
         "a second as its call per row.\n"
     )
 

@@ -44,6 +44,13 @@ def today() -> str:
     return time.strftime("%Y-%m-%d", time.gmtime())
 
 
+def load() -> str:
+    """The machine's load as a page states it: timings on a shared machine depend on it."""
+    return (
+        f"Load average at the end of the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."
+    )
+
+
 def header(title: str, run: str, *, on: str | None = None, date: str | None = None) -> str:
     """A results page's top: the title, then machine, command and date, once. A date, not a
     time: the page states current results, and git keeps their history. ``on`` and ``date``

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -60,3 +62,86 @@ def test_store_size_writes_its_page(tmp_path: Path) -> None:
         assert not chart.exists()  # the page is written all the same
     else:
         assert chart.read_text().startswith("<?xml") and f"]({chart.name})" in page
+
+
+# Each page-writing script at a size that takes seconds: its page is written where --out says,
+# with the header, its own command and a table of figures.
+SMOKE = {
+    "bench_blocks.py": ["--quick", "--raw-images", 300, "--repeat", 1],
+    "bench_row_checks.py": ["--rows", 200, "--budget", 0.02],
+    "bench_decode_pool.py": ["--images", 40, "--side", 64, "--repeat", 1],
+    "bench_array_export.py": ["--side", 64, "--repeat", 5],
+    "bench_resize.py": ["--folder-images", 40, "--images", 5, "--repeat", 1],
+    "bench_hdf5_layout.py": ["--total-mb", 2, "--repeat", 1],
+    "bench_lmdb_write.py": ["--count", 20, "--repeat", 1],
+    "bench_dask.py": ["--images", 30, "--shards", 2, "--workers", 1],
+    "bench_gather_paths.py": ["--images", 200, "--epochs", 1, "--repeat", 1],
+}
+# Where a script keeps generated images between runs: a temporary folder here.
+WORKDIR = {"bench_blocks.py", "bench_resize.py", "bench_gather_paths.py"}
+
+
+def _figures(page: str) -> list[list[str]]:
+    """The cells of every table row of ``page`` below a header row."""
+    rows = [line.strip("| ").split(" | ") for line in page.splitlines() if line.startswith("| ")]
+    return [row for row in rows if not set(row) <= {"---"} and row != rows[0]]
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_a_component_script_writes_its_page(script: str, tmp_path: Path) -> None:
+    out = tmp_path / "page.md"
+    args = [*SMOKE[script], "--out", out]
+    if script in WORKDIR:
+        args += ["--workdir", tmp_path / "work"]
+    done = _run(BENCHMARKS / script, *args)
+    assert done.returncode == 0, done.stderr
+    page = out.read_text()
+    assert page.startswith("# ") and page.count("Machine: ") == 1
+    assert f"Command: `{reporting.command(script, map(str, args))}`" in page
+    figures = [cell for row in _figures(page) for cell in row if re.fullmatch(r"[\d,.]+", cell)]
+    assert figures and all(float(cell.replace(",", "")) >= 0 for cell in figures)
+    assert done.stdout.startswith(page)  # and it is printed
+
+
+def test_a_component_script_json_writes_no_page(tmp_path: Path) -> None:
+    out = tmp_path / "page.md"
+    done = _run(BENCHMARKS / "bench_array_export.py", "--side", 32, "--json", "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["side"] == 32 and not out.exists()
+
+
+def test_every_page_writing_script_defaults_to_a_page_on_the_site() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for script in SMOKE:
+        done = _run(BENCHMARKS / script, "--help")
+        page = re.search(r"docs/benchmarks/(\S+\.md)", done.stdout.replace("\n", " "))
+        assert page, f"{script}: --out does not default to a page under docs/benchmarks/"
+        assert (reporting.DOCS / page[1]).is_file() and f"benchmarks/{page[1]}" in nav
+
+
+def test_small_records_ratios_are_at_least_one(tmp_path: Path) -> None:
+    out = tmp_path / "small.md"
+    args = ["--quick", "--raw-images", 300, "--repeat", 1, "--workdir", tmp_path, "--out", out]
+    done = _run(BENCHMARKS / "bench_blocks.py", *args)
+    assert done.returncode == 0, done.stderr
+    rows = _figures(out.read_text())
+    sizes = [row for row in rows if re.fullmatch(r"[\d,.]+ (B|KB|MB)", row[0])]
+    assert len(sizes) == 4  # --quick's four record sizes
+    for row in sizes:  # a store is never smaller than the files it holds
+        assert float(row[3]) >= 1 and float(row[4]) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="ab_pack checks revisions out by git")
+def test_ab_pack_writes_its_result_where_asked(tmp_path: Path) -> None:
+    source = tmp_path / "images" / "a"
+    source.mkdir(parents=True)
+    for i in range(8):
+        Image.new("RGB", (32, 24), (i * 30, 0, 0)).save(source / f"{i}.png")
+    out = tmp_path / "ab.md"
+    args = ["HEAD", "--source", tmp_path / "images", "--rounds", 2, "--packs", 1, "--out", out]
+    done = _run(BENCHMARKS / "ab_pack.py", *args)
+    assert done.returncode == 0, done.stderr
+    page = out.read_text()
+    assert [row[0] for row in _figures(page)] == ["1", "2"]
+    assert re.search(r"new/base \d+\.\d{3}\.$", page, re.M)

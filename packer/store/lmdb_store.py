@@ -63,8 +63,8 @@ PLACES = "value_places"
 # Write transactions of ~1 MB. A commit costs about the same at any size (~0.2 ms here),
 # but a large one holds its values and LMDB's dirty pages until it ends, and glibc hands
 # that much freed memory back to the OS, so the next batch page-faults all of it afresh:
-# at 64 MB, a --check header pack of 216 MB took about twice as long (by hand), and bare
-# LMDB writes 1.86x a plain write against 0.92x at 1 MB (benchmarks/bench_lmdb_write.py).
+# at 64 MB, a --check header pack of 216 MB took about twice as long (by hand), and bare LMDB
+# writes take about twice as long as at 1 MB (docs/benchmarks/components/lmdb-write.md).
 _COMMIT_BYTES = 1 << 20
 _COMMIT_RECORDS = 8192
 # Records per column group in the "columns" layout: the writer holds one group's labels,
