@@ -245,8 +245,10 @@ def test_auto_depth_reads_a_whole_window_ahead_as_memory_allows() -> None:
     mb = 1 << 20
     assert readahead.auto_depth(8, 25 * mb, 8 << 30) == 8  # the next window, whole
     assert readahead.auto_depth(8, 25 * mb, 400 * mb) == 8  # 200 MB: all eight chunks
-    assert readahead.auto_depth(8, 25 * mb, 400 * mb, reserved=100 * mb) == 4  # 100 MB left
-    assert readahead.auto_depth(8, 25 * mb, 765 * mb, reserved=600 * mb) == readahead.MIN_DEPTH
+    # half of what the reader's own buffers leave: 150 MB, 6 chunks
+    assert readahead.auto_depth(8, 25 * mb, 400 * mb, reserved=100 * mb) == 6
+    assert readahead.auto_depth(8, 25 * mb, 765 * mb, reserved=600 * mb) == 3  # 82 MB
+    assert readahead.auto_depth(8, 25 * mb, 765 * mb, reserved=700 * mb) == readahead.MIN_DEPTH
     assert readahead.auto_depth(8, 0, 10 * mb) == 8  # unknown chunk bytes: the window
 
 

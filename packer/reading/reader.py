@@ -342,8 +342,10 @@ class Reader:
 
     def close(self) -> None:
         """Stop the background threads and close the store (also on leaving ``with``)."""
-        self._stop_active()
-        self._producer.close()
+        try:
+            self._stop_active()
+        finally:  # a Ctrl-C in the join must not leave decode processes behind
+            self._producer.close()
 
     def __enter__(self) -> Reader:
         return self
