@@ -6,6 +6,7 @@ How fast it reads is measured in benchmarks/bench_storage.py, not here."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError
 from packer.reading import produce, readahead
 from packer.reading.epoch import chunk_spans
+from packer.reading.lanes import Layout
 from packer.reading.readahead import ReadAhead
 from packer.store.base import Fetched
 from packer.store.lmdb_store import META_KEY, PLACES
@@ -92,6 +94,67 @@ def test_an_epoch_read_ahead_is_the_epoch_read_without(
     assert shares == [
         _epochs(store, 1, read_ahead=0, rank=r, world_size=2, decode=decode) for r in (0, 1)
     ]
+
+
+@pytest.mark.parametrize("name", ["lmdb", "hdf5"])
+def test_the_next_epochs_first_chunks_are_read_as_this_one_ends(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """An epoch's read-ahead runs on into the next epoch's first chunks and hands their bytes
+    over: the next epoch reads them no second time, and every epoch's batches are those read
+    without reading ahead. A reader that does not go on to the next epoch reads none of it."""
+    fetches: list[list[Any]] = []  # each ReadAhead's spans read from the file, in order
+
+    class Recorded(readahead.ReadAhead):
+        def __init__(self, *args: Any) -> None:
+            fetches.append([])
+            self._mine = fetches[-1]
+            super().__init__(*args)
+
+        def _fetch(self, store: Any, files: Any, span: Any, warmed: set[int]) -> Fetched | None:
+            self._mine.append(span)
+            return super()._fetch(store, files, span, warmed)
+
+    monkeypatch.setattr(produce, "ReadAhead", Recorded)
+    store = stores[name]
+    without = _epochs(store, epochs=3, read_ahead=0)
+    assert _epochs(store, epochs=3, read_ahead=2) == without
+    with open_reader(store, batch_size=7, seed=1, chunk_size=9) as reader:
+        lanes = [reader.planner.lane(e, (), Layout(1, 1, 7, False), 0, 0) for e in range(4)]
+    spans = [[s for piece in lane.pieces[0] for s in piece.spans] for lane in lanes]
+    assert len(fetches) == 4  # the fourth: epoch 3, begun as the reader went on
+    for epoch in (1, 2):
+        first = spans[epoch][:2]
+        assert fetches[epoch - 1][-2:] == first  # read as the epoch before it ended
+        assert not set(first) & set(fetches[epoch])  # ... and not again
+        assert fetches[epoch] == spans[epoch][2:] + spans[epoch + 1][:2]
+    fetches.clear()
+    assert (
+        _epochs(store, epochs=1, read_ahead=2, across_epochs=False) == without[: len(without) // 3]
+    )
+    assert fetches == [spans[0]]
+
+
+def test_carried_bytes_are_used_only_for_their_own_span(stores: dict[str, Path]) -> None:
+    """Bytes handed over are taken for the span they were read for, not read again; a span
+    the new epoch does not read first (a resumed epoch, another plan) is read as usual."""
+    store = stores["lmdb"]
+    with open_store(store) as s:
+        spans = chunk_spans([info.num_records for info in s.manifest.shards], 9)
+    first = ReadAhead(store, spans[:1], depth=2, then=lambda: spans[1:3])
+    assert first.take(0) is not None
+    deadline = time.monotonic() + 10
+    while len(first._ready) < 2 and time.monotonic() < deadline:  # both read ahead
+        time.sleep(0.01)
+    carried = first.leftover()
+    assert set(carried) == {spans[1], spans[2]}
+    second = ReadAhead(store, [spans[2], spans[3]], depth=2, carried=carried)
+    try:
+        assert second.take(0) is carried[spans[2]]
+        fourth = second.take(1)
+        assert fourth is not None and fourth.ranges != carried[spans[1]].ranges
+    finally:
+        second.close()
 
 
 @pytest.mark.parametrize(
@@ -261,9 +324,9 @@ def test_by_default_the_next_window_is_read_ahead_as_memory_allows(
     depths = []
 
     class Recorded(readahead.ReadAhead):
-        def __init__(self, path: Path, spans: Any, depth: int) -> None:
+        def __init__(self, path: Path, spans: Any, depth: int, *handover: Any) -> None:
             depths.append(depth)
-            super().__init__(path, spans, depth)
+            super().__init__(path, spans, depth, *handover)
 
     monkeypatch.setattr(produce, "ReadAhead", Recorded)
     monkeypatch.setattr(produce, "memory_for_cache", lambda: memory)

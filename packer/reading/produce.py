@@ -97,6 +97,8 @@ class Producer:
         self._spare_windows: list[list[np.ndarray]] = [[] for _ in sources]
         self._planned: tuple[Any, Lane] | None = None  # the last lane planned, and its key
         self._auto_depth: dict[Path, int] = {}  # read_ahead=None: the depth for each store
+        # Each store's bytes read ahead of the next epoch's first spans (see ReadAhead).
+        self._carried: list[dict[plan.Span, Fetched]] = [{} for _ in sources]
         # "threads" or "processes": processes where every store asks for them
         chosen = {choose(options, source.manifest) for source in sources}
         self.decode_in = "processes" if chosen == {"processes"} else "threads"
@@ -184,7 +186,7 @@ class Producer:
             )
             pending: deque[list[tuple[int, Future[Batch]]]] = deque()
             try:
-                for parts, rows in self._gathered(stores, lane, verify, shared):
+                for parts, rows in self._gathered(stores, lane, verify, shared, epoch):
                     if ready and rows is not None and self.planner.mixed:
                         yield mover(self._as_stored(parts, rows, verify, finish))
                         continue
@@ -282,17 +284,23 @@ class Producer:
         return np.stack([mix[order], index[order]], axis=1)
 
     def _gathered(
-        self, stores: list[Store], lane: Lane, verify: list[bool], shared: tuple[int, ...] | None
+        self,
+        stores: list[Store],
+        lane: Lane,
+        verify: list[bool],
+        shared: tuple[int, ...] | None,
+        epoch: int,
     ) -> Iterator[tuple[list[tuple[int, Window]], np.ndarray | None]]:
-        """Batches of records in the lane's order, not yet decoded, as (store, records) parts
-        (raw pixels of one shape checked with ``verify`` as they are read, see read_window);
-        ``shared``: the one shape of every store's raw pixels, gathered into one array."""
+        """Batches of records in the lane's order (``epoch``'s), not yet decoded, as (store,
+        records) parts (raw pixels of one shape checked with ``verify`` as they are read, see
+        read_window); ``shared``: the one shape of every store's raw pixels, gathered into
+        one array."""
         opts = self.options
         cursors: list[_Cursor] = []
         try:
             for i, (source, store) in enumerate(zip(self.sources, stores, strict=True)):
                 pieces = lane.pieces[i]
-                ahead = self._read_ahead(source, [s for p in pieces for s in p.spans])
+                ahead = self._read_ahead(i, [s for p in pieces for s in p.spans], epoch)
                 spare = self._spare_windows[i]
                 array = spare.pop() if spare else None  # popped: an abandoned epoch may run on
                 cursors.append(_Cursor(store, pieces, source.fixed_shape, verify[i], ahead, array))
@@ -314,10 +322,16 @@ class Producer:
         finally:
             for i, cursor in enumerate(cursors):
                 array = cursor.close()
+                self._carried[i] = cursor.leftover
                 if array is not None:
                     self._spare_windows[i][:] = [array]
 
-    def _read_ahead(self, source: Source, spans: list[plan.Span]) -> ReadAhead | None:
+    def _read_ahead(self, i: int, spans: list[plan.Span], epoch: int) -> ReadAhead | None:
+        """Store ``i``'s read-ahead for ``epoch``, with the bytes the last epoch's read of
+        this one's first spans, and reading on into the next epoch's where the reader will
+        go on to it (across_epochs)."""
+        source = self.sources[i]
+        carried, self._carried[i] = self._carried[i], {}
         if not spans or not SUPPORTED or source.manifest.backend == "pytables":
             return None
         depth = self.options.read_ahead
@@ -325,7 +339,16 @@ class Producer:
             if source.path not in self._auto_depth:  # decided once per store, not each epoch
                 self._auto_depth[source.path] = self._auto(source)
             depth = self._auto_depth[source.path]
-        return ReadAhead(source.path, spans, depth) if depth else None
+        if not depth:
+            return None
+        then = partial(self._spans_of, epoch + 1, i) if self.options.across_epochs else None
+        return ReadAhead(source.path, spans, depth, then, carried)
+
+    def _spans_of(self, epoch: int, i: int) -> list[plan.Span]:
+        """Store ``i``'s spans in this reader's lane of a fresh ``epoch``, in read order."""
+        rank, _, worker, _ = self.parts
+        lane = self.planner.lane(epoch, (), self.layout, rank, worker)
+        return [span for piece in lane.pieces[i] for span in piece.spans]
 
     def _auto(self, source: Source) -> int:
         memory = memory_for_cache()
@@ -429,6 +452,7 @@ class _Cursor:
     ) -> None:
         self.store, self.pieces, self.fixed, self.verify = store, pieces, fixed, verify
         self.ahead, self.array = ahead, array
+        self.leftover: dict[plan.Span, Fetched] = {}  # read of the next epoch, once closed
         self.next_piece = 0
         self.spans_read = 0  # spans read so far: where the read-ahead stands
         self.window: Window | None = None
@@ -462,9 +486,10 @@ class _Cursor:
         self.window, self.order, self.at = window, piece.positions(), 0
 
     def close(self) -> np.ndarray | None:
-        """Stop reading ahead; the window array, for the next epoch."""
+        """Stop reading ahead, keeping what it read of the next epoch (``leftover``); the
+        window array, for the next epoch."""
         if self.ahead is not None:
-            self.ahead.close()
+            self.leftover = self.ahead.leftover()
         self.window = None
         return self.array
 

@@ -13,6 +13,10 @@ the kernel's sequential read-ahead turns into requests of a megabyte or more, up
 ``depth`` chunks ahead of the reader. The shard readers then take the payloads from these
 bytes, so they are not copied again. Anything this thread cannot read (no extents, a short
 file, damage) is left to the usual reads, which report it.
+
+An epoch's read-ahead runs on into the first chunks of the next (``then``), while the last
+window decodes, and hands their bytes over (``leftover``, ``carried``): else each epoch
+would start by waiting for a whole window with nothing to decode.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from packer.fork_gate import FORK_GATE
@@ -43,10 +47,22 @@ SUPPORTED = hasattr(os, "preadv") and hasattr(os, "posix_fadvise")
 
 class ReadAhead:
     """Reads the byte ranges of ``spans`` of the store at ``path``, in order, at most
-    ``depth`` spans ahead of the last one taken. Not thread-safe: one thread takes."""
+    ``depth`` spans ahead of the last one taken, then on into ``then()`` (the next epoch's
+    spans), whose bytes ``leftover()`` hands to the next epoch's ReadAhead as its
+    ``carried``. Not thread-safe: one thread takes."""
 
-    def __init__(self, path: Path, spans: Sequence[Span], depth: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        spans: Sequence[Span],
+        depth: int,
+        then: Callable[[], Sequence[Span]] | None = None,
+        carried: dict[Span, Fetched] | None = None,
+    ) -> None:
         self._path, self._spans, self._depth = path, list(spans), depth
+        # Planned by this thread once it gets there, not as the epoch starts.
+        self._next, self._then = then, len(self._spans)
+        self._carried = dict(carried or {})  # already read: ready without a read
         # A store larger than the memory there is cannot stay in the page cache anyway:
         # its bytes are dropped from it once copied here.
         self._uncached = store_bytes(path) > memory_for_cache()
@@ -72,6 +88,16 @@ class ReadAhead:
             self._lock.notify_all()
             return self._ready.pop(index, None)
 
+    def leftover(self) -> dict[Span, Fetched]:
+        """Stop reading ahead, and give up the bytes read of ``then``, by span."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._thread.join(timeout=5.0)
+        with self._lock:
+            read = {i: f for i, f in self._ready.items() if i >= self._then and f is not None}
+            return {self._spans[i]: fetched for i, fetched in read.items()}
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -85,7 +111,7 @@ class ReadAhead:
         warmed: set[int] = set()  # shards whose index bytes were read
         try:
             store = Store(self._path)
-            for index, span in enumerate(self._spans):
+            for index, span in enumerate(self._upcoming()):
                 with self._lock:
                     while not self._closed and index >= self._wanted + self._depth:
                         self._lock.wait()
@@ -93,7 +119,7 @@ class ReadAhead:
                         return
                     if index < self._wanted:  # passed by already
                         continue
-                fetched = self._fetch(store, files, span, warmed)
+                fetched = self._carried.pop(span, None) or self._fetch(store, files, span, warmed)
                 with self._lock:
                     self._ready[index] = fetched
                     self._lock.notify_all()
@@ -107,6 +133,14 @@ class ReadAhead:
             if store is not None:
                 with FORK_GATE:
                     store.close()
+
+    def _upcoming(self) -> Iterator[Span]:
+        """The spans to read, and once they are read, the next epoch's."""
+        yield from self._spans
+        if self._next is not None:
+            following = list(self._next())
+            self._spans += following
+            yield from following
 
     def _fetch(self, store: Store, files: _Files, span: Span, warmed: set[int]) -> Fetched | None:
         try:
