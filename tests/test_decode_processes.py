@@ -172,16 +172,31 @@ def test_torch_dataloader_with_workers_and_in_process(small: Path) -> None:
     assert seen[0] == seen[2] and len(seen[0]) == 120
 
 
-def test_augmenting_small_images_decodes_in_threads(small: Path) -> None:
-    """Each record's crop is keyed by the epoch, which the process pool is not given: an
-    augmenting reader of small images stays in threads, and refuses processes in one line."""
+def test_augmenting_small_images_decodes_in_processes_as_in_threads(small: Path) -> None:
+    """Each record's draws are keyed by (seed, epoch, record), and each part goes to the
+    processes with its epoch: an augmenting reader of small images decodes in processes by
+    default, and its crops and flips are the threads', epoch by epoch."""
     from packer.augment import RandomHorizontalFlip, RandomResizedCrop
 
     augment = [RandomResizedCrop(12), RandomHorizontalFlip()]
     manifest = open_manifest(small)
-    assert choose(ReaderOptions(batch_size=8, augment=augment), manifest) == "threads"
-    with pytest.raises(UsageError, match="does not augment"):
-        choose(ReaderOptions(batch_size=8, augment=augment, decode_in="processes"), manifest)
-    with open_reader(small, batch_size=8, augment=augment, seed=3) as reader:
-        images, _ = next(iter(reader.epoch(0)))
-    assert images.shape[1:] == (12, 12, 3)
+    assert choose(ReaderOptions(batch_size=8, augment=augment), manifest) == "processes"
+    seen = {}
+    for decode_in in ("threads", "processes"):
+        with open_reader(
+            small, batch_size=32, seed=3, augment=augment, with_paths=True, decode_in=decode_in
+        ) as reader:
+            seen[decode_in] = [list(reader.epoch(epoch)) for epoch in (0, 1)]
+    for threads, processes in zip(seen["threads"], seen["processes"], strict=True):
+        assert [paths for *_, paths in processes] == [paths for *_, paths in threads]
+        for (im_t, lab_t, _), (im_p, lab_p, _) in zip(threads, processes, strict=True):
+            assert im_p.shape[1:] == (12, 12, 3)
+            np.testing.assert_array_equal(im_p, im_t)
+            np.testing.assert_array_equal(lab_p, lab_t)
+    first, second = (
+        {path: image for images, _, paths in epoch for path, image in zip(paths, images)}
+        for epoch in seen["processes"]
+    )
+    assert first.keys() == second.keys()
+    redrawn = sum(not np.array_equal(first[path], second[path]) for path in first)
+    assert redrawn > len(first) // 2  # a new epoch draws new crops for the same records

@@ -62,8 +62,6 @@ def choose(options: ReaderOptions, manifest: Manifest) -> str:
     storage = manifest.storage
     if not options.decode or (storage.payload == "raw" and options.size is None):
         return "threads"  # nothing to decode: checksums and gathers are fast in threads
-    if options.augment is not None:
-        return "threads"  # each record's draws are keyed by the epoch, which the pool is not
     if options.worker is not None or multiprocessing.current_process().daemon:
         return "threads"  # a DataLoader's worker: its processes are the parallelism
     stats = manifest.stats or {}
@@ -79,11 +77,6 @@ def choose(options: ReaderOptions, manifest: Manifest) -> str:
 
 
 def _check_sendable(options: ReaderOptions) -> None:
-    if options.augment is not None:
-        raise UsageError(
-            "decode_in='processes' does not augment yet: leave decode_in unset or use 'threads' "
-            "with augment"
-        )
     if options.worker is not None or multiprocessing.current_process().daemon:
         raise UsageError(
             "decode_in='processes' cannot run inside a DataLoader worker (a daemonic process "
@@ -136,7 +129,7 @@ class ProcessDecoder:
         self, workers: int, stores: list[tuple[Path, Manifest, dict[str, Any]]], stack: bool
     ) -> None:
         """``stores``: each store the reader reads (a mixture has several), with finish_batch's
-        keywords for it but the store and the stop event."""
+        keywords for it but the store, the stop event and the epoch."""
         given = [
             (_Names(str(path), _Shards([_ShardFile(s.file) for s in manifest.shards])), finish)
             for path, manifest, finish in stores
@@ -156,14 +149,15 @@ class ProcessDecoder:
         self.pid = os.getpid()
         self._pool.submit(int).result()  # with fork, the first task starts every worker
 
-    def submit(self, store: int, part: Window) -> Future[Batch]:
-        """Finish ``part``, records of the reader's ``store``-th store, in a worker; its
-        payloads travel as bytes (not views of a map).
+    def submit(self, store: int, part: Window, epoch: int) -> Future[Batch]:
+        """Finish ``part``, records of the reader's ``store``-th store in ``epoch`` (what
+        augmentation draws are keyed by), in a worker; its payloads travel as bytes (not
+        views of a map).
         What the worker logged (records skipped with on_error="skip") is logged here, as
         the threads would have logged it."""
         if not isinstance(part.data, np.ndarray):
             part = replace(part, data=[p if isinstance(p, bytes) else bytes(p) for p in part.data])
-        inner = self._pool.submit(_finish_part, store, part)
+        inner = self._pool.submit(_finish_part, store, part, epoch)
         outer: Future[Batch] = Future()
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
         inner.add_done_callback(partial(_settle, outer))
@@ -245,10 +239,10 @@ def _init_worker(
     die_with_parent(parent, kernel)
 
 
-def _finish_part(store: int, part: Window) -> tuple[Batch, list[logging.LogRecord]]:
+def _finish_part(store: int, part: Window, epoch: int) -> tuple[Batch, list[logging.LogRecord]]:
     assert _worker is not None, "not a decode worker"
     stores, stack = _worker
     names, finish = stores[store]
     _collected.records = []
-    batch = finish_batch(part, store=cast("Store", names), **finish)
+    batch = finish_batch(part, store=cast("Store", names), epoch=epoch, **finish)
     return (merge_batches([batch], stack) if stack else batch), _collected.records

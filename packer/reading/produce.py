@@ -182,7 +182,9 @@ class Producer:
         processes = None if ready else self.start_processes()
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
             submit: Callable[[int, Window], Future[Batch]] = (
-                processes.submit if processes else lambda i, part: pool.submit(finish[i], part)
+                partial(processes.submit, epoch=epoch)
+                if processes
+                else lambda i, part: pool.submit(finish[i], part)
             )
             pending: deque[list[tuple[int, Future[Batch]]]] = deque()
             try:
@@ -393,9 +395,11 @@ class Producer:
                         "size": opts.size,
                         "fit": opts.fit,
                         "collate": opts.collate,
+                        "augment": opts.augmenting,
+                        "seed": source_seed(opts.seed, k),
                     },
                 )
-                for source in self.sources
+                for k, source in enumerate(self.sources)
             ]
             workers = opts.workers or default_workers()
             self._processes = ProcessDecoder(workers, given, stack=opts.collate is None)
