@@ -329,9 +329,9 @@ class Producer:
                     self._spare_windows[i][:] = [array]
 
     def _read_ahead(self, i: int, spans: list[plan.Span], epoch: int) -> ReadAhead | None:
-        """Store ``i``'s read-ahead for ``epoch``, with the bytes the last epoch's read of
-        this one's first spans, and reading on into the next epoch's where the reader will
-        go on to it (across_epochs)."""
+        """Store ``i``'s read-ahead for ``epoch``: given the bytes of its first spans that
+        the last epoch's read-ahead read, and reading on into the next epoch's spans where
+        the reader goes on to it (across_epochs)."""
         source = self.sources[i]
         carried, self._carried[i] = self._carried[i], {}
         if not spans or not SUPPORTED or source.manifest.backend == "pytables":

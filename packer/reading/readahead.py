@@ -62,7 +62,10 @@ class ReadAhead:
         self._path, self._spans, self._depth = path, list(spans), depth
         # Planned by this thread once it gets there, not as the epoch starts.
         self._next, self._then = then, len(self._spans)
-        self._carried = dict(carried or {})  # already read: ready without a read
+        # Already read: ready without a read. Only this epoch's first spans can have been
+        # (another epoch's, or a resumed one's, are let go at once).
+        first = set(self._spans[:depth])
+        self._carried = {s: f for s, f in (carried or {}).items() if s in first}
         # A store larger than the memory there is cannot stay in the page cache anyway:
         # its bytes are dropped from it once copied here.
         self._uncached = store_bytes(path) > memory_for_cache()
