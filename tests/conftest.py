@@ -233,3 +233,26 @@ def rewrite_lmdb_record(store: Path, index: int, **changes: object) -> object:
     info.bytes, info.checksum = len(data), shard_checksum(data)
     write_manifest(store, manifest)
     return record
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, from Linux's /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

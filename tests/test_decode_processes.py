@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import store_path, write_image
+from conftest import child_pids, process_alive, store_path, write_image
 
 from packer import PackOptions, open_reader, pack
 from packer.errors import CorruptRecordError, UsageError
@@ -103,27 +103,6 @@ def test_a_corrupt_record_in_a_worker_is_the_same_one_line_error(
     assert "checksum mismatch" in errors[1]
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
 def test_decode_processes_die_with_a_sigkilled_reader(small: Path) -> None:
     script = textwrap.dedent(
@@ -141,14 +120,14 @@ def test_decode_processes_die_with_a_sigkilled_reader(small: Path) -> None:
     )
     assert child.stdout is not None
     assert child.stdout.readline() == "batch\n"
-    workers = _children(child.pid)
+    workers = child_pids(child.pid)
     assert len(workers) >= 1
     child.kill()
     child.wait()
     deadline = time.monotonic() + 10
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+    while any(process_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = [w for w in workers if _alive(w)]
+    left = [w for w in workers if process_alive(w)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "decode processes outlived their reader"

@@ -10,23 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_image
+from conftest import child_pids, process_alive, write_image
 
 from packer import PackOptions, pack
 from packer.store.manifest import read_manifest
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def _holds(pid: int, file: Path) -> bool:
@@ -34,14 +21,6 @@ def _holds(pid: int, file: Path) -> bool:
         return any(os.readlink(fd) == str(file) for fd in Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
@@ -64,7 +43,7 @@ def test_verify_helper_dies_with_a_sigkilled_inspect(tmp_path: Path) -> None:
         )
         helper = None
         while inspect.poll() is None and helper is None:
-            helper = next((c for c in _children(inspect.pid) if _holds(c, shard)), None)
+            helper = next((c for c in child_pids(inspect.pid) if _holds(c, shard)), None)
         if helper is None:
             continue
         # The helper has opened the shard, so it is past its start-up: frozen, it cannot
@@ -73,9 +52,9 @@ def test_verify_helper_dies_with_a_sigkilled_inspect(tmp_path: Path) -> None:
         inspect.kill()
         inspect.wait()
         deadline = time.monotonic() + 10
-        while _alive(helper) and time.monotonic() < deadline:
+        while process_alive(helper) and time.monotonic() < deadline:
             time.sleep(0.05)
-        survived = _alive(helper)
+        survived = process_alive(helper)
         if survived:
             os.kill(helper, signal.SIGKILL)
         assert not survived, "the helper outlived its inspect"
