@@ -440,11 +440,7 @@ def page(report: dict[str, Any]) -> str:
         for b, s in report["store_size"].items()
     ]
     text += reporting.table(["store", "shards MB", "source MB", "store / source"], sizes)
-    goals = [
-        [t["name"], f"{t['ratio']:.3f}", f"<= {t['target']}", "met" if t["pass"] else "NOT MET"]
-        for t in report["targets"]
-    ]
-    return text + reporting.table(["goal", "ratio", "target", "verdict"], goals)
+    return text + reporting.goals(report["targets"])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

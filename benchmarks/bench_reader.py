@@ -675,16 +675,7 @@ def page(report: dict[str, Any]) -> str:
             for r in memory["rows"]
         ]
         text += reporting.table(["backend", "images", "chunk", "peak RSS, MB"], rows)
-    goals = [
-        [
-            t["name"],
-            f"{t['ratio']:.3f}",
-            "" if t["target"] is None else f"{'<=' if t['lower'] else '>='} {t['target']}",
-            "shown" if t["pass"] is None else "met" if t["pass"] else "NOT MET",
-        ]
-        for t in report["targets"] + (memory["targets"] if memory else [])
-    ]
-    return text + reporting.table(["goal", "ratio", "target", "verdict"], goals)
+    return text + reporting.goals(report["targets"] + (memory["targets"] if memory else []))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

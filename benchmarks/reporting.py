@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks"
@@ -72,6 +73,23 @@ def out_option(parser: argparse.ArgumentParser, page: str) -> None:
     parser.add_argument(
         "--out", type=Path, default=DOCS / page, help=f"results page (docs/benchmarks/{page})"
     )
+
+
+def goals(targets: Sequence[dict[str, Any]]) -> str:
+    """The goals table: each target's ratio, its bound (``lower``: at most, the default; else
+    at least) and its verdict; a target of None is shown, not judged."""
+    rows = []
+    for t in targets:
+        bound = t.get("target")
+        rows.append(
+            [
+                t["name"],
+                f"{t['ratio']:.3f}",
+                "" if bound is None else f"{'<=' if t.get('lower', True) else '>='} {bound}",
+                "shown" if t["pass"] is None else "met" if t["pass"] else "NOT MET",
+            ]
+        )
+    return table(["goal", "ratio", "target", "verdict"], rows)
 
 
 def write(path: Path, text: str) -> Path:
