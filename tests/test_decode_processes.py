@@ -104,6 +104,32 @@ def test_a_corrupt_record_in_a_worker_is_the_same_one_line_error(
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
+def test_a_close_cut_short_by_ctrl_c_still_ends_the_decode_processes(
+    small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that lands while close() stops the prefetch thread still reaches the user,
+    and the decode processes end all the same."""
+    before = set(child_pids(os.getpid()))
+    reader = open_reader(small, batch_size=8, decode_in="processes")
+    next(iter(reader.epoch(0)))
+    workers = [pid for pid in child_pids(os.getpid()) if pid not in before]
+    assert workers and all(process_alive(w) for w in workers)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reader, "_stop_active", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        reader.close()
+    deadline = time.monotonic() + 5
+    while any(process_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [w for w in workers if process_alive(w)]
+    monkeypatch.undo()
+    reader.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
 def test_decode_processes_die_with_a_sigkilled_reader(small: Path) -> None:
     script = textwrap.dedent(
         f"""
