@@ -257,3 +257,41 @@ def test_inspect_mix_prints_an_epoch_per_store_and_class(stores: dict[str, Path]
     assert wrong.exit_code == 1 and "1 weights for 2 stores" in wrong.output
     several = CliRunner().invoke(cli, ["inspect", str(stores["a"]), str(stores["b"])])
     assert several.exit_code == 1 and "several with --mix" in several.output
+
+
+def test_a_damaged_raw_record_in_a_mixture_is_named_or_skipped(
+    stores: dict[str, Path], tmp_path: Path
+) -> None:
+    """Raw rows of one shape are gathered straight into the batch array; a row whose checksum
+    fails sends its batch down the general path, which names it, or leaves it out."""
+    import shutil
+
+    from packer.errors import CorruptRecordError
+
+    damaged = Path(shutil.copytree(stores["c"], tmp_path / "c.h5"))
+    with open_store(damaged) as s:
+        record = s.record(7)
+        pixels = bytes(record.data)
+        shard = damaged / s.manifest.shards[s.locate(7)[0]].file
+    data = bytearray(shard.read_bytes())
+    at = data.find(pixels)
+    assert at >= 0 and data.find(pixels, at + 1) < 0  # the row's bytes, found once
+    data[at] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    mix = [stores["a"], damaged]
+    with (
+        open_reader(mix, batch_size=32, weights=[1, 1], seed=2) as r,
+        pytest.raises(CorruptRecordError) as info,
+    ):
+        list(r)
+    assert info.value.path == record.path
+    truth = [_truth(stores["a"]), _truth(stores["c"])]
+    with open_reader(
+        mix, batch_size=32, weights=[1, 1], seed=2, with_paths=True, on_error="skip"
+    ) as r:
+        seen = []
+        for images, _, sources, paths in r:
+            for image, source, path in zip(images, sources, paths, strict=True):
+                assert np.array_equal(image, truth[int(source)][path][0])
+                seen.append((int(source), path))
+    assert (1, record.path) not in seen and len(seen) == 399

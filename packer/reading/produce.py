@@ -14,7 +14,7 @@ import itertools
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
@@ -189,9 +189,6 @@ class Producer:
             pending: deque[list[tuple[int, Future[Batch]]]] = deque()
             try:
                 for parts, rows in self._gathered(stores, lane, verify, shared, epoch):
-                    if ready and rows is not None and self.planner.mixed:
-                        yield mover(self._as_stored(parts, rows, verify, finish))
-                        continue
                     if ready:
                         yield mover(self._joined([(i, finish[i](w)) for i, w in parts], rows))
                         continue
@@ -212,32 +209,6 @@ class Producer:
                 for futures in pending:
                     for _, future in futures:
                         future.cancel()
-
-    def _as_stored(
-        self,
-        parts: list[tuple[int, Window]],
-        rows: np.ndarray,
-        verify: list[bool],
-        finish: Sequence[Callable[[Window], Batch]],
-    ) -> Batch:
-        """A mixture's batch of raw pixels of one shape, gathered into ``rows`` and checked as
-        read: made here in one step where every record is intact (finish_batch, store by
-        store, names a damaged one)."""
-        intact = all(
-            not verify[i] or (w.intact is not None and bool(w.intact.all())) for i, w in parts
-        )
-        if not intact:
-            return self._joined([(i, finish[i](w)) for i, w in parts], rows)
-        labels = np.concatenate([w.labels for _, w in parts])
-        batch = Batch(
-            rows,
-            labels[:, 0] if labels.shape[1] == 1 else labels,
-            list(itertools.chain.from_iterable(w.paths for _, w in parts)),
-            0,
-            rows.nbytes,
-            np.repeat([i for i, _ in parts], [len(w) for _, w in parts]),
-        )
-        return batch
 
     def _joined(self, parts: list[tuple[int, Batch]], rows: np.ndarray | None) -> Batch:
         """One batch of its finished parts; in a mixture, with the store of each record."""
