@@ -147,37 +147,35 @@ def test_ab_pack_writes_its_result_where_asked(tmp_path: Path) -> None:
     assert re.search(r"new/base \d+\.\d{3}\.$", page, re.M)
 
 
-def test_the_storage_page_shows_the_roomy_case_against_the_same_limits() -> None:
+def test_the_storage_page_sets_decoded_epochs_against_the_lower_limit() -> None:
     """bench_storage needs root and a loop device, so its page is rendered here from a report:
-    the decoded epochs with room for a whole window ahead are set against the same
-    min(limit, decode limit) as the capped ones, and a case that failed says so."""
+    decoded epochs are set against min(limit, decode limit), each with the seconds it waited
+    for its first batch, and a case that failed says so."""
     import bench_storage
 
-    def decoded(*seconds: float) -> dict[str, object]:
-        return {"images": 100, "epoch_seconds": list(seconds)}
+    def epochs(*seconds: float) -> dict[str, object]:
+        return {"images": 100, "epoch_seconds": list(seconds), "first_batch_seconds": [0.4, 0.05]}
 
-    backend = {
-        "limit": {"seconds": 0.5, "mb_per_s": 120.0},  # 200 images/s
-        "raw": decoded(0.5, 0.5),
-        "decoded": decoded(2.0, 1.0),
-    }
+    def backend(decoded: dict[str, object]) -> dict[str, object]:
+        limit = {"seconds": 0.5, "mb_per_s": 120.0}  # 200 images/s
+        return {"limit": limit, "raw": epochs(0.5, 0.625), "decoded": decoded}
+
     report = {
         "photos": 100,
         "store_bytes": 10**9,
         "memory": "476M",
-        "roomy": "715M",
         "decode_limit": 125.0,  # the lower of the two limits
         "profiles": {
             "hdd": {
-                "lmdb": backend,
-                "hdf5": backend,
+                "lmdb": backend(epochs(2.0, 1.0)),
+                "hdf5": backend({"failed": "out of memory"}),
                 "loop": {"images": 10, "seconds": 1.0},
                 "dataloader": {"images": 20, "seconds": 1.0},
-                "roomy": {"lmdb": decoded(1.0, 0.8), "hdf5": {"failed": "out of memory"}},
             }
         },
     }
     page = bench_storage.render(report, "python benchmarks/bench_storage.py")
-    assert "| hdd | LMDB | 120 MB/s, 200 images/s | 1.00, 1.00 | 50, 100 | 0.40, 0.80 |" in page
-    assert "memory capped at 715MB" in page
-    assert "LMDB 100, 125 (0.80, 1.00); HDF5 failed (failed)." in page
+    row = "| hdd | LMDB | 120 MB/s, 200 images/s | 1.00, 0.80 | 50, 100 | 0.40, 0.80 | 0.4, 0.1 |"
+    assert row in page
+    assert "| hdd | HDF5 | 120 MB/s, 200 images/s | 1.00, 0.80 | failed | failed | failed |" in page
+    assert "| hdd | 10 images/s | 20 images/s | 67 images/s | 3.3x |" in page

@@ -97,8 +97,9 @@ class Producer:
         self._spare_windows: list[list[np.ndarray]] = [[] for _ in sources]
         self._planned: tuple[Any, Lane] | None = None  # the last lane planned, and its key
         self._auto_depth: dict[Path, int] = {}  # read_ahead=None: the depth for each store
-        # Each store's bytes read ahead of the next epoch's first spans (see ReadAhead).
-        self._carried: list[dict[plan.Span, Fetched]] = [{} for _ in sources]
+        # Each store's read-ahead of the epoch just gathered, left reading on into the next
+        # epoch's first spans until that epoch starts and takes their bytes (see ReadAhead).
+        self._reading_on: list[ReadAhead | None] = [None for _ in sources]
         # "threads" or "processes": processes where every store asks for them
         chosen = {choose(options, source.manifest) for source in sources}
         self.decode_in = "processes" if chosen == {"processes"} else "threads"
@@ -129,12 +130,18 @@ class Producer:
         """Runs in the prefetch thread: ``epoch``'s batches (what is left of it after
         ``phases``), a marker at its end, then (with across_epochs) the next epoch's, until
         the reader stops it."""
-        while True:
-            yield from self._produce(self.lane(epoch, phases), stop, epoch)
-            yield EPOCH_END
-            if not self.options.across_epochs:
-                return
-            epoch, phases = epoch + 1, ()
+        try:
+            while True:
+                yield from self._produce(self.lane(epoch, phases), stop, epoch)
+                yield EPOCH_END
+                if not self.options.across_epochs:
+                    return
+                epoch, phases = epoch + 1, ()
+        finally:  # stopped between epochs: nothing will take what is read on
+            for i, ahead in enumerate(self._reading_on):
+                if ahead is not None:
+                    ahead.close()
+                self._reading_on[i] = None
 
     def _produce(
         self, lane: Lane, stop: threading.Event, epoch: int
@@ -295,7 +302,7 @@ class Producer:
         finally:
             for i, cursor in enumerate(cursors):
                 array = cursor.close()
-                self._carried[i] = cursor.leftover
+                self._reading_on[i] = cursor.ahead  # stopped by the next epoch, or by epochs()
                 if array is not None:
                     self._spare_windows[i][:] = [array]
 
@@ -304,7 +311,10 @@ class Producer:
         the last epoch's read-ahead read, and reading on into the next epoch's spans where
         the reader goes on to it (across_epochs)."""
         source = self.sources[i]
-        carried, self._carried[i] = self._carried[i], {}
+        # Stopped only now, not as the last window was gathered: it reads on while the
+        # batches in flight are decoded and taken.
+        before, self._reading_on[i] = self._reading_on[i], None
+        carried = before.leftover() if before is not None else {}
         if not spans or not SUPPORTED or source.manifest.backend == "pytables":
             return None
         depth = self.options.read_ahead
@@ -427,7 +437,6 @@ class _Cursor:
     ) -> None:
         self.store, self.pieces, self.fixed, self.verify = store, pieces, fixed, verify
         self.ahead, self.array = ahead, array
-        self.leftover: dict[plan.Span, Fetched] = {}  # read of the next epoch, once closed
         self.next_piece = 0
         self.spans_read = 0  # spans read so far: where the read-ahead stands
         self.window: Window | None = None
@@ -461,10 +470,8 @@ class _Cursor:
         self.window, self.order, self.at = window, piece.positions(), 0
 
     def close(self) -> np.ndarray | None:
-        """Stop reading ahead, keeping what it read of the next epoch (``leftover``); the
-        window array, for the next epoch."""
-        if self.ahead is not None:
-            self.leftover = self.ahead.leftover()
+        """The window array, for the next epoch. The read-ahead is left running: it reads
+        on into the next epoch, which stops it (Producer._read_ahead)."""
         self.window = None
         return self.array
 
