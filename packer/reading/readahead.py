@@ -14,9 +14,10 @@ the kernel's sequential read-ahead turns into requests of a megabyte or more, up
 bytes, so they are not copied again. Anything this thread cannot read (no extents, a short
 file, damage) is left to the usual reads, which report it.
 
-An epoch's read-ahead runs on into the first chunks of the next (``then``), while the last
-window decodes, and hands their bytes over (``leftover``, ``carried``): else each epoch
-would start by waiting for a whole window with nothing to decode.
+An epoch's read-ahead runs on into the first chunks of the next (``then``) while the last
+window decodes and its batches in flight are taken, until the next epoch starts and takes
+their bytes (``leftover``, ``carried``): else each epoch would start by waiting for a whole
+window with nothing to decode.
 """
 
 from __future__ import annotations
