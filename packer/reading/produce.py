@@ -199,11 +199,15 @@ class Producer:
                     if ready:
                         yield mover(self._joined([(i, finish[i](w)) for i, w in parts], rows))
                         continue
+                    # A mixture's batch is split as one store's would be, each store's part
+                    # into its share of the pieces: a piece per store per worker doubled
+                    # the hand-offs (and, with processes, the messages) per batch.
+                    size = sum(len(window) for _, window in parts)
                     pending.append(
                         [
                             (i, submit(i, piece))
                             for i, window in parts
-                            for piece in split_window(window, split)
+                            for piece in split_window(window, round(split * len(window) / size))
                         ]
                     )
                     while len(pending) > workers:
