@@ -167,7 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     results = [
         # Runs of a second or more: CPU time is counted in the kernel's 10 ms ticks.
         compare("raw 32x32", *raw, records=count, epochs=epochs(800_000), repeat=repeat, **common),
-        compare("raw 64x64", *raw64, records=count, epochs=epochs(400_000), repeat=repeat, **common),
+        compare(
+            "raw 64x64", *raw64, records=count, epochs=epochs(400_000), repeat=repeat, **common
+        ),
         compare(
             "decoded to 64x64",
             *jpeg,
