@@ -135,6 +135,42 @@ def test_the_next_epochs_first_chunks_are_read_as_this_one_ends(
     assert fetches == [spans[0]]
 
 
+def test_the_next_epochs_chunks_are_read_while_the_last_batches_are_taken(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-ahead reads on into the next epoch until that epoch starts, not only until
+    the last window is gathered: here every window is one batch, so the last is gathered at
+    once, and only the batches still in flight, taken slowly, leave time to read the next
+    epoch's first two chunks, which the next epoch then reads no second time."""
+    fetches: list[list[Any]] = []
+
+    class Slow(readahead.ReadAhead):
+        def __init__(self, *args: Any) -> None:
+            fetches.append([])
+            self._mine = fetches[-1]
+            super().__init__(*args)
+
+        def _fetch(self, store: Any, files: Any, span: Any, warmed: set[int]) -> Fetched | None:
+            time.sleep(0.1)  # a slow disk: two chunks take 0.2 s
+            self._mine.append(span)
+            return super()._fetch(store, files, span, warmed)
+
+    monkeypatch.setattr(produce, "ReadAhead", Slow)
+    options = {"chunk_size": 9, "buffer_chunks": 1, "read_ahead": 2, "prefetch": 1}
+    with open_reader(
+        stores["hdf5"], batch_size=9, seed=1, workers=1, decode=False, **options
+    ) as reader:
+        lanes = [reader.planner.lane(e, (), Layout(1, 1, 9, False), 0, 0) for e in (0, 1)]
+        spans = [[s for piece in lane.pieces[0] for s in piece.spans] for lane in lanes]
+        batches = len(spans[0])  # one chunk, one window, one batch
+        for number, _ in enumerate(reader.epoch(0)):
+            if number == batches - 2:  # the last batch gathered and in flight: a slow step
+                time.sleep(0.6)
+        next(iter(reader.epoch(1)))
+    assert fetches[0][-2:] == spans[1][:2]
+    assert not set(spans[1][:2]) & set(fetches[1])
+
+
 def test_carried_bytes_are_used_only_for_their_own_span(stores: dict[str, Path]) -> None:
     """Bytes handed over are taken for the span they were read for, not read again; a span
     the new epoch does not read first (a resumed epoch, another plan) is read as usual."""
