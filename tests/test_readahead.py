@@ -5,6 +5,8 @@ How fast it reads is measured in benchmarks/bench_storage.py, not here."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -169,6 +171,46 @@ def test_the_next_epochs_chunks_are_read_while_the_last_batches_are_taken(
         next(iter(reader.epoch(1)))
     assert fetches[0][-2:] == spans[1][:2]
     assert not set(spans[1][:2]) & set(fetches[1])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")  # on purpose
+def test_a_read_ahead_is_let_go_untouched_in_a_forked_child(stores: dict[str, Path]) -> None:
+    """A reader's read-ahead can be reading on into the next epoch when the process forks
+    (DataLoader workers): the child has its object but not its thread, and maybe its lock
+    held. There, leftover() and close() give up at once instead of waiting on that lock."""
+    store = stores["hdf5"]
+    with open_store(store) as s:
+        spans = chunk_spans([info.num_records for info in s.manifest.shards], 9)
+    ahead = ReadAhead(store, spans[:2], depth=2)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # as the read-ahead thread holds it, now and then
+        with ahead._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if neither call waits
+            code = 0 if ahead.leftover() == {} else 1
+            ahead.close()
+            os._exit(code)
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child waited on the read-ahead's lock")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        release.set()
+        holder.join()
+        ahead.close()
 
 
 def test_carried_bytes_are_used_only_for_their_own_span(stores: dict[str, Path]) -> None:

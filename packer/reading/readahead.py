@@ -75,6 +75,8 @@ class ReadAhead:
         self._done = False  # the thread has ended: spans not ready will never be
         self._closed = False
         self._lock = threading.Condition()
+        # A forked child inherits this object but not its thread, and maybe the lock held.
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="packer-read-ahead", daemon=True)
         self._thread.start()
 
@@ -93,7 +95,10 @@ class ReadAhead:
             return self._ready.pop(index, None)
 
     def leftover(self) -> dict[Span, Fetched]:
-        """Stop reading ahead, and give up the bytes read of ``then``, by span."""
+        """Stop reading ahead, and give up the bytes read of ``then``, by span (none in a
+        forked child: its lock may have been held when the process forked)."""
+        if os.getpid() != self._pid:
+            return {}
         with self._lock:
             self._closed = True
             self._lock.notify_all()
@@ -103,6 +108,8 @@ class ReadAhead:
             return {self._spans[i]: fetched for i, fetched in read.items()}
 
     def close(self) -> None:
+        if os.getpid() != self._pid:  # a forked child's copy: nothing runs here to stop
+            return
         with self._lock:
             self._closed = True
             self._ready.clear()
