@@ -202,12 +202,12 @@ class Producer:
                     # A mixture's batch is split as one store's would be, each store's part
                     # into its share of the pieces: a piece per store per worker doubled
                     # the hand-offs (and, with processes, the messages) per batch.
-                    size = sum(len(window) for _, window in parts)
+                    records = sum(len(window) for _, window in parts)
                     pending.append(
                         [
                             (i, submit(i, piece))
                             for i, window in parts
-                            for piece in split_window(window, round(split * len(window) / size))
+                            for piece in split_window(window, round(split * len(window) / records))
                         ]
                     )
                     while len(pending) > workers:
