@@ -98,14 +98,10 @@ def test_an_epoch_read_ahead_is_the_epoch_read_without(
     ]
 
 
-@pytest.mark.parametrize("name", ["lmdb", "hdf5"])
-def test_the_next_epochs_first_chunks_are_read_as_this_one_ends(
-    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
-    """An epoch's read-ahead runs on into the next epoch's first chunks and hands their bytes
-    over: the next epoch reads them no second time, and every epoch's batches are those read
-    without reading ahead. A reader that does not go on to the next epoch reads none of it."""
-    fetches: list[list[Any]] = []  # each ReadAhead's spans read from the file, in order
+def _record_fetches(monkeypatch: pytest.MonkeyPatch, seconds: float = 0.0) -> list[list[Any]]:
+    """The readers' read-aheads from here on record the spans they read from the file, in
+    order, one list each (taking ``seconds`` a span, as a slow disk would)."""
+    fetches: list[list[Any]] = []
 
     class Recorded(readahead.ReadAhead):
         def __init__(self, *args: Any) -> None:
@@ -114,10 +110,22 @@ def test_the_next_epochs_first_chunks_are_read_as_this_one_ends(
             super().__init__(*args)
 
         def _fetch(self, store: Any, files: Any, span: Any, warmed: set[int]) -> Fetched | None:
+            time.sleep(seconds)
             self._mine.append(span)
             return super()._fetch(store, files, span, warmed)
 
     monkeypatch.setattr(produce, "ReadAhead", Recorded)
+    return fetches
+
+
+@pytest.mark.parametrize("name", ["lmdb", "hdf5"])
+def test_the_next_epochs_first_chunks_are_read_as_this_one_ends(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """An epoch's read-ahead runs on into the next epoch's first chunks and hands their bytes
+    over: the next epoch reads them no second time, and every epoch's batches are those read
+    without reading ahead. A reader that does not go on to the next epoch reads none of it."""
+    fetches = _record_fetches(monkeypatch)
     store = stores[name]
     without = _epochs(store, epochs=3, read_ahead=0)
     assert _epochs(store, epochs=3, read_ahead=2) == without
@@ -144,20 +152,7 @@ def test_the_next_epochs_chunks_are_read_while_the_last_batches_are_taken(
     the last window is gathered: here every window is one batch, so the last is gathered at
     once, and only the batches still in flight, taken slowly, leave time to read the next
     epoch's first two chunks, which the next epoch then reads no second time."""
-    fetches: list[list[Any]] = []
-
-    class Slow(readahead.ReadAhead):
-        def __init__(self, *args: Any) -> None:
-            fetches.append([])
-            self._mine = fetches[-1]
-            super().__init__(*args)
-
-        def _fetch(self, store: Any, files: Any, span: Any, warmed: set[int]) -> Fetched | None:
-            time.sleep(0.1)  # a slow disk: two chunks take 0.2 s
-            self._mine.append(span)
-            return super()._fetch(store, files, span, warmed)
-
-    monkeypatch.setattr(produce, "ReadAhead", Slow)
+    fetches = _record_fetches(monkeypatch, seconds=0.1)  # a slow disk: two chunks take 0.2 s
     options = {"chunk_size": 9, "buffer_chunks": 1, "read_ahead": 2, "prefetch": 1}
     with open_reader(
         stores["hdf5"], batch_size=9, seed=1, workers=1, decode=False, **options
