@@ -19,6 +19,8 @@ from packer import PackOptions, open_reader, open_store, pack
 from packer.cli.commands import cli
 from packer.errors import UsageError
 from packer.reading import epoch as plan
+from packer.reading import produce
+from packer.reading.batching import finish_batch
 from packer.reading.lanes import Layout, Planner
 from packer.reading.mixture import mix_order, quotas
 
@@ -295,3 +297,27 @@ def test_a_damaged_raw_record_in_a_mixture_is_named_or_skipped(
                 assert np.array_equal(image, truth[int(source)][path][0])
                 seen.append((int(source), path))
     assert (1, record.path) not in seen and len(seen) == 399
+
+
+def test_a_mixed_batch_goes_to_the_decode_workers_in_as_many_pieces_as_one_stores(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each store's part of a batch is cut into its share of the workers' pieces, not into
+    one piece per worker each (twice the hand-offs a batch for two stores): at most one
+    piece more than workers a batch, from rounding, and the batches are one worker's."""
+    pieces: list[int] = []
+
+    def counted(window: Any, **keywords: Any) -> Any:
+        pieces.append(len(window))
+        return finish_batch(window, **keywords)
+
+    options: dict[str, Any] = {"batch_size": 64, "seed": 3, "size": (8, 8), "decode_in": "threads"}
+    mixture = [stores["a"], stores["c"]]
+    with open_reader(mixture, weights=[0.7, 0.3], workers=1, **options) as r:
+        alone = [b[2].tolist() for b in _epoch(r, 0)]  # each batch's stores, in order
+    monkeypatch.setattr(produce, "finish_batch", counted)
+    with open_reader(mixture, weights=[0.7, 0.3], workers=2, across_epochs=False, **options) as r:
+        batches = _epoch(r, 0)
+    assert [b[2].tolist() for b in batches] == alone
+    assert sum(pieces) == sum(len(b[1]) for b in batches)
+    assert len(pieces) <= 3 * len(batches)  # 4 a batch when each part was cut in two
