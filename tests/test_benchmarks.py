@@ -179,3 +179,23 @@ def test_the_storage_page_sets_decoded_epochs_against_the_lower_limit() -> None:
     assert row in page
     assert "| hdd | HDF5 | 120 MB/s, 200 images/s | 1.00, 0.80 | failed | failed | failed |" in page
     assert "| hdd | 10 images/s | 20 images/s | 67 images/s | 3.3x |" in page
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_bench_mix_cpu_seconds_count_a_child_process() -> None:
+    """bench_mix's images per CPU second count the reader's decode processes: a child that
+    spins while this process sleeps shows in cpu_seconds (time.process_time would not)."""
+    import time
+
+    import bench_mix
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # started
+        before, mine = bench_mix.cpu_seconds(), time.process_time()
+        time.sleep(1.0)
+        spent, own = bench_mix.cpu_seconds() - before, time.process_time() - mine
+    finally:
+        child.kill()
+        child.wait()
+    assert own < 0.1 and spent >= 0.2, (own, spent)
