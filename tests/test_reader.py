@@ -17,6 +17,7 @@ from conftest import pack_three_ways, store_path, write_image
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError, StoreError, UsageError
 from packer.imaging import resizing
+from packer.reading.batching import Ordered, Window
 
 
 @pytest.fixture(scope="module")
@@ -551,3 +552,43 @@ def test_children_forked_while_readers_prefetch_can_read(stores: dict[str, Path]
         for thread in busy:
             thread.join(30)
     assert _no_packer_threads()
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_an_ordered_windows_batches_are_its_records_in_that_order(raw: bool) -> None:
+    """Batches cut from an Ordered window are, column by column, the window's records at
+    the order's positions; raw pixels are copied into the rows given, once."""
+    n = 50
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (n, 2, 3, 3), dtype=np.uint8)
+    window = Window(
+        data=pixels if raw else [bytes([i]) * (i + 1) for i in range(n)],
+        labels=np.arange(n * 2).reshape(n, 2),
+        paths=[f"p{i}" for i in range(n)],
+        crc32=np.arange(n, dtype=np.uint32) + 7,
+        shapes=np.tile([2, 3, 3], (n, 1)),
+        formats=["raw" if i % 2 else "png" for i in range(n)],
+        shards=np.arange(n) % 3,
+        indices=np.arange(n) + 100,
+        intact=np.arange(n) % 5 != 0,
+    )
+    order = rng.permutation(n)
+    ordered = Ordered(window, order)
+    assert len(ordered) == n
+    got = []
+    for start in range(0, n, 16):
+        stop = min(start + 16, n)
+        into = np.empty((stop - start, 2, 3, 3), np.uint8) if raw else None
+        batch = ordered.rows(start, stop, into)
+        picked = order[start:stop]
+        if raw:
+            assert batch.data is into and np.array_equal(into, pixels[picked])
+        else:
+            assert batch.data == [window.data[i] for i in picked]
+        assert np.array_equal(batch.labels, window.labels[picked])
+        assert batch.paths == [f"p{i}" for i in picked]
+        assert batch.formats == [window.formats[i] for i in picked]
+        for column in ("crc32", "shapes", "shards", "indices", "intact"):
+            assert np.array_equal(getattr(batch, column), getattr(window, column)[picked])
+        got += batch.paths
+    assert sorted(got) == sorted(window.paths)  # every record once

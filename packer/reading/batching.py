@@ -1,9 +1,10 @@
 """From spans of records to finished batches: read a window, gather a batch, finish it.
 
-    read_window (sequential reads) -> gather (one NumPy take per column) -> finish_batch
-                                                                         (verify, decode, collate)
+    read_window (sequential reads) -> Ordered (each column put in yield order) -> .rows
+      (a batch: slices, and raw pixels copied into its rows) -> finish_batch (verify, decode,
+      collate)
 
-``read_window`` and ``gather`` run in the reader's producer thread; ``finish_batch`` runs in
+``read_window`` and ``Ordered`` run in the reader's producer thread; ``finish_batch`` runs in
 its pool of decode threads (CRC-32, libjpeg-turbo and Pillow release the GIL for the heavy part).
 """
 
@@ -33,7 +34,7 @@ __all__ = [
     "Window",
     "Batch",
     "read_window",
-    "gather",
+    "Ordered",
     "concat",
     "split_window",
     "finish_batch",
@@ -60,6 +61,21 @@ class Window:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def rows(self, start: int, stop: int, data: Any = None) -> Window:
+        """Records ``start`` to ``stop``, as views and list slices (``data``: their payloads,
+        where the caller has them apart)."""
+        return Window(
+            data=self.data[start:stop] if data is None else data,
+            labels=self.labels[start:stop],
+            paths=self.paths[start:stop],
+            crc32=self.crc32[start:stop],
+            shapes=self.shapes[start:stop],
+            formats=self.formats[start:stop],
+            shards=self.shards[start:stop],
+            indices=self.indices[start:stop],
+            intact=None if self.intact is None else self.intact[start:stop],
+        )
 
 
 @dataclass
@@ -130,30 +146,44 @@ def read_window(
     )
 
 
-def gather(window: Window, order: np.ndarray, out: np.ndarray | None = None) -> Window:
-    """The records at positions ``order`` of ``window``, as a new Window (one copy per column).
+class Ordered:
+    """A window's records in the order they are yielded, cut into batches front to back.
 
-    ``out``: for pixels of one shape, the rows of a batch to copy them into, so a batch that
-    spans two windows is copied once, not gathered and then joined.
+    Each column is put in that order once a window, not once a batch: per batch, a gather
+    of every column cost more than a raw batch's pixels, and a mixture's batch, drawn from
+    a window of each store, paid it twice. Raw pixels of one shape are the exception: they
+    stay as read and are copied once, into the rows of each batch's own array.
     """
-    data: np.ndarray | list[bytes | memoryview]
-    if isinstance(window.data, np.ndarray):
+
+    def __init__(self, window: Window, order: np.ndarray) -> None:
+        data = window.data
+        self.pixels = data if isinstance(data, np.ndarray) else None
+        self.order = order
+        self.records = Window(
+            data=[] if isinstance(data, np.ndarray) else _picked(data, order),
+            labels=window.labels[order],
+            paths=_picked(window.paths, order),
+            crc32=window.crc32[order],
+            shapes=window.shapes[order],
+            formats=_picked(window.formats, order),
+            shards=window.shards[order],
+            indices=window.indices[order],
+            intact=None if window.intact is None else window.intact[order],
+        )
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def rows(self, start: int, stop: int, out: np.ndarray | None = None) -> Window:
+        """Records ``start`` to ``stop`` of the order; ``out``: rows of a batch array to copy
+        raw pixels into, so a batch that spans two windows is copied once, not gathered and
+        then joined."""
+        if self.pixels is None:
+            return self.records.rows(start, stop)
         # mode="clip": the order's indices are in range, and mode="raise" would copy through
         # a temporary buffer when given ``out``.
-        data = np.take(window.data, order, axis=0, out=out, mode="clip")
-    else:
-        data = _picked(window.data, order)
-    return Window(
-        data=data,
-        labels=window.labels[order],
-        paths=_picked(window.paths, order),
-        crc32=window.crc32[order],
-        shapes=window.shapes[order],
-        formats=_picked(window.formats, order),
-        shards=window.shards[order],
-        indices=window.indices[order],
-        intact=None if window.intact is None else window.intact[order],
-    )
+        pixels = np.take(self.pixels, self.order[start:stop], axis=0, out=out, mode="clip")
+        return self.records.rows(start, stop, pixels)
 
 
 def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:
@@ -199,8 +229,8 @@ def split_window(window: Window, parts: int) -> list[Window]:
     pieces = max(1, min(parts, len(window) // 8))
     if pieces == 1:
         return [window]
-    bounds = np.linspace(0, len(window), pieces + 1).astype(int)
-    return [gather(window, np.arange(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    bounds = np.linspace(0, len(window), pieces + 1).astype(int).tolist()
+    return [window.rows(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def merge_batches(parts: list[Batch], stack: bool = True) -> Batch:

@@ -30,11 +30,11 @@ from packer.imaging import resizing
 from packer.reading import epoch as plan
 from packer.reading.batching import (
     Batch,
+    Ordered,
     Stopped,
     Window,
     concat,
     finish_batch,
-    gather,
     merge_batches,
     read_window,
     split_window,
@@ -443,8 +443,7 @@ class _Cursor:
         self.ahead, self.array = ahead, array
         self.next_piece = 0
         self.spans_read = 0  # spans read so far: where the read-ahead stands
-        self.window: Window | None = None
-        self.order = np.zeros(0, np.int64)
+        self.window: Ordered | None = None
         self.at = 0
 
     def take(self, n: int, into: np.ndarray | None) -> Window:
@@ -452,12 +451,11 @@ class _Cursor:
         parts: list[Window] = []
         got = 0
         while got < n:
-            while self.at == len(self.order):
+            while self.window is None or self.at == len(self.window):
                 self._next_window()
-            assert self.window is not None
-            k = min(n - got, len(self.order) - self.at)
+            k = min(n - got, len(self.window) - self.at)
             rows = into[got : got + k] if into is not None else None
-            parts.append(gather(self.window, self.order[self.at : self.at + k], rows))
+            parts.append(self.window.rows(self.at, self.at + k, rows))
             self.at += k
             got += k
         return concat(parts, into)
@@ -471,7 +469,7 @@ class _Cursor:
         window = read_window(self.store, piece.spans, self.fixed, self.array, self.verify, fetched)
         if isinstance(window.data, np.ndarray):
             self.array = window.data if window.data.base is None else window.data.base
-        self.window, self.order, self.at = window, piece.positions(), 0
+        self.window, self.at = Ordered(window, piece.positions()), 0
 
     def close(self) -> np.ndarray | None:
         """The window array, for the next epoch. The read-ahead is left running: it reads
