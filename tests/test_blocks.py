@@ -16,7 +16,7 @@ from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.cli import cli
 from packer.inspect.convert import convert_store
 from packer.inspect.unpack import unpack_store
-from packer.store import lmdb_store
+from packer.store import lmdb_blocks, lmdb_store
 from packer.store.lmdb_store import LmdbShardReader
 from packer.store.verify import verify_store
 
@@ -136,3 +136,55 @@ def test_a_format_4_store_still_reads_verifies_unpacks_converts_and_grows(
     assert paths[: len(expected)] == [path for _, _, path in expected]
     assert paths[len(expected) :] == ["cat/new.png"]
     assert verify_store(store).ok
+
+
+def _parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the block headers parsed from here on (a list: one entry a parse)."""
+    parsed: list[int] = []
+    real = lmdb_blocks.parse_block
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parsed.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lmdb_blocks, "parse_block", counted)
+    return parsed
+
+
+def test_a_small_stores_headers_are_parsed_in_its_first_epoch_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lmdb_store, "BLOCK_BYTES", 4 << 10)  # a block or two a record
+    store = tmp_path / "s.lmdb"
+    pack(_folder(tmp_path / "images", 80, (32, 24)), store, PackOptions(seed=3, workers=1))
+    parsed = _parses(monkeypatch)
+    with open_reader(store, batch_size=8, chunk_size=4, buffer_chunks=2, with_paths=True) as r:
+        first = [paths for _, _, paths in r.epoch(0)]
+        shard = r._producer._open_stores()[0].shard(0)
+        blocks = len(shard.meta["block_starts"]) // 8
+        assert blocks > 40 and len(parsed) == blocks  # each once, though chunks cut blocks
+        again = [paths for _, _, paths in r.epoch(0)]
+        assert len(parsed) == blocks and again == first
+        owner = shard._blocks._owner
+    # Closed: its headers are let go.
+    assert not [key for key in lmdb_blocks._HEADERS._held if key[0] == owner]
+
+
+def test_headers_beyond_the_budget_are_let_go_and_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lmdb_store, "BLOCK_BYTES", 16 << 10)
+    store = tmp_path / "s.lmdb"
+    pack(_folder(tmp_path / "images", 40, (32, 24)), store, PackOptions(seed=3, workers=1))
+    with open_reader(store, batch_size=8, with_paths=True) as r:
+        expected = [paths for _, _, paths in r.epoch(1)]
+    monkeypatch.setattr(lmdb_blocks._HEADERS, "records", 10)  # a block or two
+    parsed = _parses(monkeypatch)
+    with open_reader(store, batch_size=8, with_paths=True) as r:
+        for epoch in (0, 1):
+            got = [paths for _, _, paths in r.epoch(epoch)]
+            held = lmdb_blocks._HEADERS._held.values()
+            assert sum(len(index) for index in held) <= 10 or len(held) == 1
+        assert got == expected
+        blocks = len(r._producer._open_stores()[0].shard(0).meta["block_starts"]) // 8
+        assert len(parsed) >= 2 * blocks  # every epoch parses its blocks again

@@ -4,13 +4,17 @@ by copying a few blocks' payload bytes.
 A block is one value keyed by its first record's index (``record_key``), laid out by
 ``packer.store.record`` (block_value, parse_block). The shard's metadata lists where each
 block starts (``block_starts``), so record i is in the last block starting at or before i,
-found without touching the file. A block's header is parsed once and kept a while: the
-reader's chunks rarely end where blocks do, so the block at a chunk's end is read again as
-the next chunk's start.
+found without touching the file. A block's header is parsed once and kept a while
+(``_HEADERS``): the reader's chunks rarely end where blocks do, so the block at a chunk's
+end is read again as the next chunk's start, and a store of small records read epoch after
+epoch is parsed once, not each epoch.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import chain
@@ -25,7 +29,49 @@ from packer.store.record import Block, BlockIndex, parse_block
 
 __all__ = ["BlockLayout", "record_key", "block_starts"]
 
-_CACHED_BLOCKS = 32  # parsed headers a shard reader keeps (a few MB at most)
+# Records whose parsed headers a process keeps, over all its shards: about 170 bytes each
+# (path, labels, checksum, shape, offset), so 35 MB. Parsing was a quarter of reading raw
+# 32x32 pixels; a store of up to this many records is parsed in its first epoch only.
+_CACHED_RECORDS = 200_000
+
+
+class _Headers:
+    """Parsed block headers, by (shard reader, block), the least recently used let go first
+    once they hold more than ``records`` records in all."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self._held: OrderedDict[tuple[int, int], BlockIndex] = OrderedDict()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> BlockIndex | None:
+        with self._lock:
+            index = self._held.get(key)
+            if index is not None:
+                self._held.move_to_end(key)
+            return index
+
+    def put(self, key: tuple[int, int], index: BlockIndex) -> None:
+        with self._lock:
+            if key in self._held:
+                return
+            self._held[key] = index
+            self._count += len(index)
+            while self._count > self.records and len(self._held) > 1:
+                self._count -= len(self._held.popitem(last=False)[1])
+
+    def forget(self, owner: int) -> None:
+        """Let go of a closed shard reader's headers."""
+        with self._lock:
+            for key in [key for key in self._held if key[0] == owner]:
+                self._count -= len(self._held.pop(key))
+
+
+_HEADERS = _Headers(_CACHED_RECORDS)
+_OWNERS = itertools.count()  # tells shard readers apart in _HEADERS
+if hasattr(os, "register_at_fork"):  # a fork may find the lock held by another thread
+    os.register_at_fork(after_in_child=_HEADERS._lock._at_fork_reinit)  # type: ignore[attr-defined]
 
 
 def record_key(index: int) -> bytes:
@@ -80,7 +126,7 @@ class BlockLayout:
         self._shape = _raw_shape(meta.get("raw_shape"))
         self._places = places(len(self._starts))
         self._file_bytes = file_bytes
-        self._cache: OrderedDict[int, BlockIndex] = OrderedDict()
+        self._owner = next(_OWNERS)
 
     def _blocks(self, start: int, stop: int) -> range:
         """The blocks holding records ``start`` to ``stop``."""
@@ -113,20 +159,20 @@ class BlockLayout:
         return f"{self.path}: records {self._starts[number]}..{self._ends[number] - 1}"
 
     def _index(self, number: int, value: bytes | memoryview) -> BlockIndex:
-        """Block ``number``'s header, parsed and checked once while it stays in the cache."""
-        index = self._cache.get(number)
+        """Block ``number``'s header, parsed and checked once while it stays in _HEADERS."""
+        index = _HEADERS.get((self._owner, number))
         if index is not None:
-            self._cache.move_to_end(number)
             return index
         count = int(self._ends[number] - self._starts[number])
         try:
             index = parse_block(value, count, self._columns)
         except ValueError as e:
             raise ValueError(f"{self._where(number)}: {e}") from e
-        self._cache[number] = index
-        if len(self._cache) > _CACHED_BLOCKS:
-            self._cache.popitem(last=False)
+        _HEADERS.put((self._owner, number), index)
         return index
+
+    def close(self) -> None:
+        _HEADERS.forget(self._owner)
 
     def read_block(
         self, start: int, stop: int, out: np.ndarray | None, fetched: Fetched | None

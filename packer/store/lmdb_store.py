@@ -593,6 +593,9 @@ class LmdbShardReader:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            blocks = getattr(self, "_blocks", None)  # not there until the meta is read
+            if blocks is not None:
+                blocks.close()
             _ENVIRONMENTS.release(self.path)
 
     def __del__(self) -> None:
