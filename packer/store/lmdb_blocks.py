@@ -12,12 +12,11 @@ epoch is parsed once, not each epoch.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, count
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +68,7 @@ class _Headers:
 
 
 _HEADERS = _Headers(_CACHED_RECORDS)
-_OWNERS = itertools.count()  # tells shard readers apart in _HEADERS
+_OWNERS = count()  # tells shard readers apart in _HEADERS
 if hasattr(os, "register_at_fork"):  # a fork may find the lock held by another thread
     os.register_at_fork(after_in_child=_HEADERS._lock._at_fork_reinit)  # type: ignore[attr-defined]
 
