@@ -138,6 +138,11 @@ def test_a_format_4_store_still_reads_verifies_unpacks_converts_and_grows(
     assert verify_store(store).ok
 
 
+def _blocks_of(reader: Any) -> int:
+    """The blocks of the first shard of ``reader``'s store."""
+    return len(reader._producer._open_stores()[0].shard(0).meta["block_starts"]) // 8
+
+
 def _parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the block headers parsed from here on (a list: one entry a parse)."""
     parsed: list[int] = []
@@ -160,12 +165,11 @@ def test_a_small_stores_headers_are_parsed_in_its_first_epoch_only(
     parsed = _parses(monkeypatch)
     with open_reader(store, batch_size=8, chunk_size=4, buffer_chunks=2, with_paths=True) as r:
         first = [paths for _, _, paths in r.epoch(0)]
-        shard = r._producer._open_stores()[0].shard(0)
-        blocks = len(shard.meta["block_starts"]) // 8
+        blocks = _blocks_of(r)
         assert blocks > 40 and len(parsed) == blocks  # each once, though chunks cut blocks
         again = [paths for _, _, paths in r.epoch(0)]
         assert len(parsed) == blocks and again == first
-        owner = shard._blocks._owner
+        owner = r._producer._open_stores()[0].shard(0)._blocks._owner
     # Closed: its headers are let go.
     assert not [key for key in lmdb_blocks._HEADERS._held if key[0] == owner]
 
@@ -186,5 +190,4 @@ def test_headers_beyond_the_budget_are_let_go_and_parsed_again(
             held = lmdb_blocks._HEADERS._held.values()
             assert sum(len(index) for index in held) <= 10 or len(held) == 1
         assert got == expected
-        blocks = len(r._producer._open_stores()[0].shard(0).meta["block_starts"]) // 8
-        assert len(parsed) >= 2 * blocks  # every epoch parses its blocks again
+        assert len(parsed) >= 2 * _blocks_of(r)  # every epoch parses its blocks again
