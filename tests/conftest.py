@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -256,3 +261,47 @@ def process_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def run_in_child(body: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Runs ``body`` in a forked child; fails unless it returns True within ``seconds`` (a
+    child that hangs is killed)."""
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        ok = False
+        try:
+            ok = body()
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child hung for {seconds} s")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@contextlib.contextmanager
+def held_by_a_thread(lock: contextlib.AbstractContextManager[object]) -> Iterator[None]:
+    """``lock`` held by another thread while the block runs, as a reader's thread may hold
+    it when the process forks."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        yield
+    finally:
+        release.set()
+        holder.join()

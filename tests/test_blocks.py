@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import write_image
+from conftest import held_by_a_thread, run_in_child, write_image
 from format4 import as_format4
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
@@ -198,34 +195,16 @@ def test_headers_beyond_the_budget_are_let_go_and_parsed_again(
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forks only where os.fork exists")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")  # on purpose
 def test_a_child_forked_while_the_header_cache_is_locked_reads(tmp_path: Path) -> None:
     """DataLoader workers fork while the parent's prefetch thread may hold the header
     cache's lock: the child must get it free and read, not wait forever."""
     store = tmp_path / "s.lmdb"
     pack(_folder(tmp_path / "images", 12, (16, 12)), store, PackOptions(seed=3, workers=1))
-    held, release = threading.Event(), threading.Event()
 
-    def hold() -> None:  # as a reader's thread holds it, now and then
-        with lmdb_blocks._HEADERS._lock:
-            held.set()
-            release.wait(30)
+    def reads_every_record() -> bool:
+        with open_store(store) as opened:
+            return len(list(opened.records())) == 12
 
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(10)
-        pid = os.fork()
-        if pid == 0:  # the child: exit 0 only if it reads every record
-            with open_store(store) as opened:
-                os._exit(0 if len(list(opened.records())) == 12 else 1)
-        deadline = time.monotonic() + 20
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child waited on the header cache's lock")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
-    finally:
-        release.set()
-        holder.join()
+    with held_by_a_thread(lmdb_blocks._HEADERS._lock):  # as a reader's thread holds it
+        run_in_child(reads_every_record, seconds=20)

@@ -13,10 +13,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import run_in_child
 
 try:
     prefetch = importlib.import_module("packer.prefetch")
@@ -297,35 +298,13 @@ def test_stats_slow_consumer(baseline: int) -> None:
     assert s["wait_s"] < 0.5 * n * 0.003
 
 
-def _run_in_child(body: Callable[[], bool]) -> None:
-    """Runs ``body`` in a forked child; asserts it returned True within 5 s."""
-    pid = os.fork()
-    if pid == 0:  # child: never return into pytest
-        ok = False
-        try:
-            ok = body()
-        finally:
-            os._exit(0 if ok else 1)
-    deadline = time.monotonic() + 5.0
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("child hung")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 
 @needs_fork
 def test_created_before_fork_works_in_child_and_parent(baseline: int) -> None:
     pf = Prefetcher(lambda: iter(range(20)), depth=3, name=_name())
-    _run_in_child(lambda: list(pf) == list(range(20)))  # no thread was inherited
+    run_in_child(lambda: list(pf) == list(range(20)))  # no thread was inherited
     assert list(pf) == list(range(20))
 
 
@@ -352,7 +331,7 @@ def test_dead_producer_detected_after_fork(baseline: int) -> None:
                 return "without signalling" in str(exc) and time.monotonic() - t0 < 1.0
             return False
 
-        _run_in_child(child)
+        run_in_child(child)
         gate.set()
         assert next(pf) == 1  # the parent is unaffected
 

@@ -6,7 +6,6 @@ How fast it reads is measured in benchmarks/bench_storage.py, not here."""
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from conftest import write_image
+from conftest import held_by_a_thread, run_in_child, write_image
 
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError
@@ -178,33 +177,16 @@ def test_a_read_ahead_is_let_go_untouched_in_a_forked_child(stores: dict[str, Pa
     with open_store(store) as s:
         spans = chunk_spans([info.num_records for info in s.manifest.shards], 9)
     ahead = ReadAhead(store, spans[:2], depth=2)
-    held, release = threading.Event(), threading.Event()
 
-    def hold() -> None:  # as the read-ahead thread holds it, now and then
-        with ahead._lock:
-            held.set()
-            release.wait(30)
+    def let_go() -> bool:  # neither call may wait
+        given_up = ahead.leftover() == {}
+        ahead.close()
+        return given_up
 
-    holder = threading.Thread(target=hold)
-    holder.start()
     try:
-        held.wait(10)
-        pid = os.fork()
-        if pid == 0:  # the child: exit 0 only if neither call waits
-            code = 0 if ahead.leftover() == {} else 1
-            ahead.close()
-            os._exit(code)
-        deadline = time.monotonic() + 10
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child waited on the read-ahead's lock")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+        with held_by_a_thread(ahead._lock):  # as the read-ahead thread holds it, now and then
+            run_in_child(let_go, seconds=10)
     finally:
-        release.set()
-        holder.join()
         ahead.close()
 
 
