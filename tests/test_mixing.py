@@ -22,7 +22,7 @@ from packer.reading import epoch as plan
 from packer.reading import produce
 from packer.reading.batching import finish_batch
 from packer.reading.lanes import Layout, Planner
-from packer.reading.mixture import mix_order, quotas
+from packer.reading.mixture import mix_order, quotas, window_chunks
 
 
 def _pack(root: Path, out: Path, classes: list[str], count: int, side: int, seed: int) -> Path:
@@ -91,6 +91,23 @@ def test_shares_within_1pct_over_100k_and_5pct_in_any_20_batches() -> None:
             window = in_batches[start : start + 20].sum(axis=0)
             assert np.all(np.abs(window / window.sum() - weights) <= 0.05)
     assert total.sum() == 100_000 and np.allclose(total / total.sum(), weights, atol=0.01)
+
+
+def test_a_mixture_shares_one_shuffle_buffer_in_proportion_to_the_quotas() -> None:
+    """Each store's windows hold its share of ``buffer_chunks`` (at least one chunk), so the
+    mixture's windows together hold about one store's; a store read alone keeps them all."""
+    assert window_chunks(8, [70_000, 30_000]) == [6, 2]
+    assert window_chunks(8, [99_000, 1_000]) == [8, 1]  # never less than a chunk
+    assert window_chunks(8, [500]) == [8]
+    sizes = [80_000, 50_000]
+    chunks = [plan.chunk_spans([n], 500) for n in sizes]
+    options = {"seed": 5, "shuffle": True, "buffer_chunks": 8, "remainder": "drop"}
+    planner = Planner(chunks, quotas(sizes, [0.7, 0.3], 100_000), **options)
+    lane = planner.first_lane(0, Layout(1, 1, 32), 0, 0)
+    held = [{len(piece.spans) for piece in pieces[:-1]} for pieces in lane.pieces]
+    assert held == [{6}, {2}]  # every window but the last of each store, which may be short
+    alone = Planner(chunks[:1], sizes[:1], **options).first_lane(0, Layout(1, 1, 32), 0, 0)
+    assert {len(piece.spans) for piece in alone.pieces[0][:-1]} == {8}
 
 
 def test_the_interleave_is_even_in_any_stretch_and_seeded() -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer.reading import epoch as plan
-from packer.reading.mixture import mix_order, source_segment
+from packer.reading.mixture import mix_order, source_segment, window_chunks
 
 __all__ = ["Piece", "Layout", "Phase", "Lane", "Planner", "batches_taken"]
 
@@ -175,6 +175,7 @@ class Planner:
         self.seed, self.shuffle = seed, shuffle
         self.buffer_chunks, self.remainder = buffer_chunks, remainder
         self.mixed = len(self.chunks) > 1
+        self.window_chunks = window_chunks(buffer_chunks, self.quotas)
 
     def segment(self, source: int, epoch: int) -> list[plan.Span]:
         """Store ``source``'s records in ``epoch``, in the epoch's chunk order (every rank's)."""
@@ -204,7 +205,7 @@ class Planner:
                         (*stream, *extra, index) if self.shuffle else None,
                         ((0, sum(len(s) for s in spans)),),
                     )
-                    for index, spans in enumerate(plan.windows(part, self.buffer_chunks))
+                    for index, spans in enumerate(plan.windows(part, self.window_chunks[source]))
                 ]
             )
         return self._mixed(pieces, (epoch, 0, rank * workers + worker))

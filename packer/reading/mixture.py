@@ -18,7 +18,7 @@ import numpy as np
 from packer.errors import UsageError
 from packer.reading import epoch as plan
 
-__all__ = ["check_weights", "quotas", "source_segment", "mix_order"]
+__all__ = ["check_weights", "quotas", "window_chunks", "source_segment", "mix_order"]
 
 # Seeds the interleave, apart from the seeds of chunk orders and shuffle windows.
 _MIX_STREAM = 0x6D6978
@@ -66,6 +66,21 @@ def quotas(
     for i in by_fraction[: epoch_size - sum(out)]:
         out[i] += 1
     return out
+
+
+def window_chunks(buffer_chunks: int, quotas: Sequence[int]) -> list[int]:
+    """Each store's share of the shuffle buffer, in chunks: ``buffer_chunks`` in proportion
+    to the records it gives an epoch, and at least one.
+
+    So a mixture's windows hold together about what one store's window holds, and each
+    lasts about as many batches: a store giving 30% of every batch empties a window of 30%
+    of the chunks as fast as a store read alone empties a whole one. A window each of the
+    whole buffer held k times the memory, and gathering batches from k windows that no cache
+    held cost raw 32x32 pixels 10% of their rate."""
+    total = sum(quotas)
+    if len(quotas) == 1 or not total:
+        return [buffer_chunks] * len(quotas)
+    return [max(1, round(buffer_chunks * q / total)) for q in quotas]
 
 
 def source_segment(

@@ -324,7 +324,7 @@ class Producer:
         depth = self.options.read_ahead
         if depth is None:  # only where the page cache cannot serve the epoch
             if source.path not in self._auto_depth:  # decided once per store, not each epoch
-                self._auto_depth[source.path] = self._auto(source)
+                self._auto_depth[source.path] = self._auto(i)
             depth = self._auto_depth[source.path]
         if not depth:
             return None
@@ -337,7 +337,8 @@ class Producer:
         lane = self.planner.lane(epoch, (), self.layout, rank, worker)
         return [span for piece in lane.pieces[i] for span in piece.spans]
 
-    def _auto(self, source: Source) -> int:
+    def _auto(self, i: int) -> int:
+        source, window = self.sources[i], self.planner.window_chunks[i]
         memory = memory_for_cache()
         if store_bytes(source.path) <= memory:
             return 0
@@ -355,8 +356,8 @@ class Producer:
         else:
             image = mean
         in_flight = (opts.prefetch + (opts.workers or default_workers()) + 2) * opts.batch_size
-        reserved = opts.buffer_chunks * chunk + in_flight * image
-        return auto_depth(opts.buffer_chunks, chunk, memory, reserved)
+        reserved = window * chunk + in_flight * image
+        return auto_depth(window, chunk, memory, reserved)
 
     def start_processes(self) -> ProcessDecoder | None:
         """The pool of decode processes, where this reader decodes in processes: started
