@@ -10,7 +10,6 @@ without close() is still collected, and its finalizer stops the thread.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections import deque
@@ -229,16 +228,18 @@ class Producer:
         as_stored = all(isinstance(b.images, np.ndarray) and not b.skipped for _, b in parts)
         if rows is not None and as_stored:
             # Every store's part is its rows of the batch array, as gathered: nothing to copy.
-            batch = Batch(
-                rows,
-                np.concatenate([b.labels for _, b in parts]),
-                list(itertools.chain.from_iterable(b.paths for _, b in parts)),
-                0,
-                sum(b.nbytes for _, b in parts),
-            )
+            paths: list[str] = []
+            for _, b in parts:
+                paths += b.paths
+            labels = np.concatenate([b.labels for _, b in parts])
+            batch = Batch(rows, labels, paths, 0, sum(b.nbytes for _, b in parts))
         else:
             batch = merge_batches([b for _, b in parts], stack=stack)
-        batch.sources = np.repeat([i for i, _ in parts], [len(b.paths) for _, b in parts])
+        batch.sources = np.empty(len(batch.paths), np.int64)
+        at = 0
+        for i, b in parts:
+            batch.sources[at : at + len(b.paths)] = i
+            at += len(b.paths)
         return batch
 
     def record_order(self, epoch: int) -> np.ndarray:
@@ -486,9 +487,10 @@ def _counts_per_batch(lane: Lane, size: int, stores: int) -> list[list[int]] | N
     n = len(lane.mix)
     if n == 0:
         return []
-    ends = np.minimum(np.arange(size, n + size, size), n)  # where each batch ends
-    so_far = np.stack([np.cumsum(lane.mix == s)[ends - 1] for s in range(stores)], axis=1)
-    counts: list[list[int]] = np.diff(so_far, axis=0, prepend=0).tolist()
+    cells = np.arange(n) // size * stores + lane.mix  # (batch, store) of each record
+    counts: list[list[int]] = (
+        np.bincount(cells, minlength=-(-n // size) * stores).reshape(-1, stores).tolist()
+    )
     return counts
 
 
