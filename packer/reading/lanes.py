@@ -157,7 +157,8 @@ class Planner:
     """The lanes of every epoch of one reader's stores, for any layout and resume.
 
     ``chunks``: each store's chunk spans; ``quotas``: the records each gives an epoch (a
-    store read alone: all of them, so epoch e is its chunk order e).
+    store read alone: all of them, so epoch e is its chunk order e); ``buffer_chunks``: the
+    shuffle buffer, which the stores of a mixture share (``mixture.window_chunks``).
     """
 
     def __init__(
@@ -173,8 +174,9 @@ class Planner:
         self.chunks = [list(c) for c in chunks]
         self.quotas = list(quotas)
         self.seed, self.shuffle = seed, shuffle
-        self.buffer_chunks, self.remainder = buffer_chunks, remainder
+        self.remainder = remainder
         self.mixed = len(self.chunks) > 1
+        # Each store's window, in chunks: a mixture's stores share the buffer.
         self.window_chunks = window_chunks(buffer_chunks, self.quotas)
 
     def segment(self, source: int, epoch: int) -> list[plan.Span]:
