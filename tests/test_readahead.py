@@ -359,6 +359,30 @@ def test_by_default_a_store_is_read_ahead_when_memory_cannot_hold_it(
     assert ("packer-read-ahead" in seen) is expected
 
 
+def test_each_store_of_a_mixture_reads_ahead_its_own_window(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stores of a mixture share the shuffle buffer (6 and 2 of 8 chunks at 0.75/0.25):
+    each reads its own next window ahead, not a whole buffer's."""
+    depths: dict[Path, set[int]] = {}
+
+    class Recorded(readahead.ReadAhead):
+        def __init__(self, path: Path, spans: Any, depth: int, *handover: Any) -> None:
+            depths.setdefault(path, set()).add(depth)
+            super().__init__(path, spans, depth, *handover)
+
+    monkeypatch.setattr(produce, "ReadAhead", Recorded)
+    monkeypatch.setattr(produce, "memory_for_cache", lambda: 1 << 40)
+    monkeypatch.setattr(produce, "store_bytes", lambda path: (1 << 40) + 1)
+    mix = [stores["lmdb"], stores["hdf5"]]
+    options = {"weights": [0.75, 0.25], "chunk_size": 2, "buffer_chunks": 8, "decode": False}
+    with open_reader(mix, batch_size=8, seed=1, **options) as reader:
+        assert reader.planner.window_chunks == [6, 2]
+        for _ in reader.epoch(0):
+            pass
+    assert depths == {stores["lmdb"]: {6}, stores["hdf5"]: {2}}
+
+
 def test_auto_depth_reads_a_whole_window_ahead_as_memory_allows() -> None:
     mb = 1 << 20
     assert readahead.auto_depth(8, 25 * mb, 8 << 30) == 8  # the next window, whole
