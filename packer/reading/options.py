@@ -27,7 +27,7 @@ class ReaderOptions:
     shuffle: bool = True
     seed: int = 0
     chunk_size: int | None = None  # None: about 32 MB of payload, and at least 64 chunks
-    buffer_chunks: int = 8
+    buffer_chunks: int = 8  # chunks a shuffle window mixes; a mixture's stores share them
     # Chunks whose bytes are read ahead of the reader, in large sequential requests
     # (packer.reading.readahead); 0: none. None: for a store larger than the memory available,
     # which the page cache cannot serve, the next window (readahead.auto_depth); 0 for one it
