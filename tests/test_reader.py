@@ -17,7 +17,7 @@ from conftest import pack_three_ways, store_path, write_image
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError, StoreError, UsageError
 from packer.imaging import resizing
-from packer.reading.batching import Ordered, Window
+from packer.reading.batching import Ordered, Window, finish_batch
 
 
 @pytest.fixture(scope="module")
@@ -592,3 +592,56 @@ def test_an_ordered_windows_batches_are_its_records_in_that_order(raw: bool) -> 
             assert np.array_equal(getattr(batch, column), getattr(window, column)[picked])
         got += batch.paths
     assert sorted(got) == sorted(window.paths)  # every record once
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+def test_a_clean_raw_windows_batches_come_finished_as_finish_batch_makes_them(
+    columns: int,
+) -> None:
+    """Where every record of a raw window passed its checksum, ``Ordered.stored`` gives the
+    batch finish_batch makes of the same rows, with no Window in between. A window with a
+    damaged record, or of encoded images, is not clean: its batches go through
+    finish_batch, which names the record."""
+    n = 40
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (n, 2, 3, 3), dtype=np.uint8)
+
+    def window(intact: np.ndarray | None, data: Any = pixels) -> Window:
+        return Window(
+            data=data,
+            labels=np.arange(n * columns).reshape(n, columns),
+            paths=[f"p{i}" for i in range(n)],
+            crc32=np.zeros(n, np.uint32),
+            shapes=np.tile([2, 3, 3], (n, 1)),
+            formats=["raw"] * n,
+            shards=np.zeros(n, np.int64),
+            indices=np.arange(n),
+            intact=intact,
+        )
+
+    order = rng.permutation(n)
+    ordered = Ordered(window(np.ones(n, bool)), order)
+    assert ordered.clean and Ordered(window(None), order).clean  # None: not to be checked
+    options: dict[str, Any] = {
+        "store": None,
+        "decode": False,
+        "mode": "RGB",
+        "verify": True,
+        "on_error": "raise",
+        "transform": None,
+        "size": None,
+        "fit": "stretch",
+        "collate": None,
+    }
+    for start in range(0, n, 16):
+        stop = min(start + 16, n)
+        into = np.empty((stop - start, 2, 3, 3), np.uint8)
+        got = ordered.stored(start, stop, into)
+        want = finish_batch(ordered.rows(start, stop, np.empty_like(into)), **options)
+        assert got.images is into and np.array_equal(got.images, want.images)
+        assert np.array_equal(got.labels, want.labels) and got.labels.shape == want.labels.shape
+        assert (got.paths, got.skipped, got.nbytes) == (want.paths, want.skipped, want.nbytes)
+    damaged = np.ones(n, bool)
+    damaged[7] = False
+    assert not Ordered(window(damaged), order).clean
+    assert not Ordered(window(None, [bytes(3)] * n), order).clean

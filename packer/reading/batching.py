@@ -35,6 +35,7 @@ __all__ = [
     "Batch",
     "read_window",
     "Ordered",
+    "batch_labels",
     "concat",
     "split_window",
     "finish_batch",
@@ -159,6 +160,10 @@ class Ordered:
         data = window.data
         self.pixels = data if isinstance(data, np.ndarray) else None
         self.order = order
+        # Raw pixels whose every checksum matched as they were read (or were not to be
+        # checked): a batch of them is finished once gathered (``stored``).
+        intact = window.intact
+        self.clean = self.pixels is not None and (intact is None or bool(intact.all()))
         self.records = Window(
             data=[] if isinstance(data, np.ndarray) else _picked(data, order),
             labels=window.labels[order],
@@ -184,6 +189,16 @@ class Ordered:
         # a temporary buffer when given ``out``.
         pixels = np.take(self.pixels, self.order[start:stop], axis=0, out=out, mode="clip")
         return self.records.rows(start, stop, pixels)
+
+    def stored(self, start: int, stop: int, out: np.ndarray) -> Batch:
+        """Records ``start`` to ``stop`` of a clean window as a finished batch, their pixels
+        copied into ``out``: what finish_batch makes of ``rows`` with nothing to do per
+        image, without the Window in between (a raw batch's Python cost, twice over in a
+        mixture)."""
+        assert self.clean and self.pixels is not None, "stored() is for clean raw windows"
+        pixels = np.take(self.pixels, self.order[start:stop], axis=0, out=out, mode="clip")
+        labels = batch_labels(self.records.labels[start:stop])
+        return Batch(pixels, labels, self.records.paths[start:stop], 0, pixels.nbytes)
 
 
 def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:
@@ -251,6 +266,11 @@ def merge_batches(parts: list[Batch], stack: bool = True) -> Batch:
     return batch
 
 
+def batch_labels(labels: np.ndarray) -> np.ndarray:
+    """A batch's labels from a window's (n, columns): (n,) for one label column."""
+    return labels[:, 0] if labels.shape[1] == 1 else labels
+
+
 def finish_batch(
     window: Window,
     *,
@@ -281,8 +301,7 @@ def finish_batch(
     as_stored = transform is None and collate is None and size is None and augment is None
     checked = not verify or (window.intact is not None and bool(window.intact.all()))
     if isinstance(window.data, np.ndarray) and as_stored and checked:
-        labels = window.labels[:, 0] if window.labels.shape[1] == 1 else window.labels
-        return Batch(window.data, labels, window.paths, 0, window.data.nbytes)
+        return Batch(window.data, batch_labels(window.labels), window.paths, 0, window.data.nbytes)
     images: list[Any] = []
     keep: list[int] = []
     # What the user's code gets must be writable; images bound for merge_batches' stack are
@@ -331,9 +350,7 @@ def finish_batch(
                 raise
         images.append(image)
         keep.append(i)
-    labels = window.labels[keep] if len(keep) != len(window) else window.labels
-    if labels.shape[1] == 1:
-        labels = labels[:, 0]
+    labels = batch_labels(window.labels[keep] if len(keep) != len(window) else window.labels)
     if collate is not None:
         stacked: np.ndarray | list[Any] = collate(images)
     else:

@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -194,18 +194,20 @@ class Producer:
             )
             pending: deque[list[tuple[int, Future[Batch]]]] = deque()
             try:
-                for parts, rows in self._gathered(stores, lane, verify, shared, epoch):
+                for parts, rows in self._gathered(stores, lane, verify, shared, epoch, ready):
                     if ready:
-                        yield mover(self._joined([(i, finish[i](w)) for i, w in parts], rows))
+                        done = [(i, p if isinstance(p, Batch) else finish[i](p)) for i, p in parts]
+                        yield mover(self._joined(done, rows))
                         continue
+                    windows = cast(list[tuple[int, Window]], parts)  # nothing comes finished
                     # A mixture's batch is split as one store's would be, each store's part
                     # into its share of the pieces: a piece per store per worker doubled
                     # the hand-offs (and, with processes, the messages) per batch.
-                    records = sum(len(window) for _, window in parts)
+                    records = sum(len(window) for _, window in windows)
                     pending.append(
                         [
                             (i, submit(i, piece))
-                            for i, window in parts
+                            for i, window in windows
                             for piece in split_window(window, round(split * len(window) / records))
                         ]
                     )
@@ -275,11 +277,13 @@ class Producer:
         verify: list[bool],
         shared: tuple[int, ...] | None,
         epoch: int,
-    ) -> Iterator[tuple[list[tuple[int, Window]], np.ndarray | None]]:
+        stored: bool,
+    ) -> Iterator[tuple[list[tuple[int, Window | Batch]], np.ndarray | None]]:
         """Batches of records in the lane's order (``epoch``'s), not yet decoded, as (store,
         records) parts (raw pixels of one shape checked with ``verify`` as they are read, see
         read_window); ``shared``: the one shape of every store's raw pixels, gathered into
-        one array."""
+        one array; ``stored``: those pixels need nothing more, so a part that lies in one
+        clean window comes finished (a Batch, see _Cursor.stored)."""
         opts = self.options
         cursors: list[_Cursor] = []
         try:
@@ -297,11 +301,15 @@ class Producer:
                     break
                 counts = [n] if per_batch is None else per_batch[number]
                 rows = np.empty((n, *shared), np.uint8) if shared else None
-                parts, row = [], 0
+                parts: list[tuple[int, Window | Batch]] = []
+                row = 0
                 for i, count in enumerate(counts):
                     if count:
                         into = rows[row : row + count] if rows is not None else None
-                        parts.append((i, cursors[i].take(int(count), into)))
+                        part = (
+                            cursors[i].stored(count, into) if stored and into is not None else None
+                        )
+                        parts.append((i, cursors[i].take(count, into) if part is None else part))
                         row += count
                 yield parts, rows
         finally:
@@ -461,6 +469,19 @@ class _Cursor:
             self.at += k
             got += k
         return concat(parts, into)
+
+    def stored(self, n: int, into: np.ndarray) -> Batch | None:
+        """The next ``n`` records as a finished batch, their pixels gathered into ``into``,
+        where they lie in one clean window (``Ordered.stored``); else None, and ``take``
+        has them. Only a batch that crosses into the next window, or a window with a
+        damaged record, goes the long way."""
+        while self.window is None or self.at == len(self.window):
+            self._next_window()
+        if not self.window.clean or self.at + n > len(self.window):
+            return None
+        batch = self.window.stored(self.at, self.at + n, into)
+        self.at += n
+        return batch
 
     def _next_window(self) -> None:
         piece = self.pieces[self.next_piece]
