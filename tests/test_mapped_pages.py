@@ -15,7 +15,7 @@ import pytest
 from conftest import write_image
 from PIL import Image
 
-from packer import PackOptions, open_reader, pack
+from packer import PackOptions, open_reader, open_store, pack
 from packer.reading.reader import Reader
 from packer.store import lmdb_store
 from packer.store.mapped_pages import map_span
@@ -86,10 +86,38 @@ def test_maps_within_the_budget_stay_mapped(
     shard = (store / "shard-00000.lmdb").resolve()
     with open_reader(store, batch_size=16, shuffle=False, with_paths=True, read_ahead=0) as reader:
         _read_epoch(reader, 0, expected)
-        lmdb_store._ENVIRONMENTS.count_read(2 << 20)  # as if as much again had been read
+        lmdb_store._ENVIRONMENTS.count_read(str(shard), 2 << 20)  # as if as much again was read
         mapped = _mapped_kb(shard)
     assert mapped is not None
     assert mapped * 1024 > shard.stat().st_size * 3 / 4
+
+
+def test_a_sweep_unmaps_only_the_maps_read_since_the_last_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unmapping walks a map's whole range: a store left open but not read is walked once,
+    after it was opened, not at every sweep of the store being read."""
+    monkeypatch.setattr(lmdb_store, "_MAPPED_BYTES", 64 << 10)
+    read, expected = _pack(tmp_path / "read", raw=True)
+    idle, _ = _pack(tmp_path / "idle", raw=True)
+    dropped: list[tuple[int, int]] = []
+    drop = lmdb_store.mapped_pages.drop_pages
+    monkeypatch.setattr(
+        lmdb_store.mapped_pages, "drop_pages", lambda span: (dropped.append(span), drop(span))
+    )
+    options = {"batch_size": 16, "shuffle": False, "with_paths": True, "read_ahead": 0}
+    with open_store(idle) as other, open_reader(read, **options) as reader:
+        other.record(0)  # open, and read a little
+        for epoch in range(2):
+            _read_epoch(reader, epoch, expected)
+        spans = {
+            name: lmdb_store._ENVIRONMENTS._open[str((store / "shard-00000.lmdb").resolve())][2]
+            for name, store in (("read", read), ("idle", idle))
+        }
+        read_kb = _mapped_kb((read / "shard-00000.lmdb").resolve())
+    assert dropped.count(spans["read"]) >= 4  # two epochs of 768 kB, swept every 64 kB
+    assert dropped.count(spans["idle"]) <= 1
+    assert read_kb is not None and read_kb * 1024 < (read / "shard-00000.lmdb").stat().st_size / 2
 
 
 def test_map_span_takes_only_a_read_only_shared_map_of_a_file(tmp_path: Path) -> None:

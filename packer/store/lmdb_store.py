@@ -214,9 +214,11 @@ class _Environments:
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._open: dict[str, list[Any]] = {}  # real path -> entry
-        # Bytes read through the maps since the last sweep; counted without the lock, as a
-        # count lost to a race only puts a sweep off a little.
+        # Bytes read through the maps since the last sweep, and the maps they were read
+        # from; counted without the lock, as a count lost to a race only puts a sweep off a
+        # little.
         self._unswept = 0
+        self._read_since: set[str] = set()
 
     def acquire(self, path: Path) -> lmdb.Environment:
         key = os.path.realpath(path)
@@ -243,6 +245,7 @@ class _Environments:
                     view = txn.get(META_KEY)
                     span = None if view is None else mapped_pages.map_span(view, _used_bytes(env))
                 entry = self._open[key] = [env, 0, span]
+                self._read_since.add(key)  # opening it read its first pages
             entry[1] += 1
             return entry[0]
 
@@ -257,23 +260,27 @@ class _Environments:
                 del self._open[key]
                 entry[0].close()
 
-    def count_read(self, nbytes: int) -> None:
-        """Count ``nbytes`` read through the maps. Past _MAPPED_BYTES, every page of every
-        open map is unmapped from this process (see packer.store.mapped_pages), unless the
-        maps are no larger than that: then all of them may stay, and re-mapping their pages
-        would be a cost for nothing."""
+    def count_read(self, key: str, nbytes: int) -> None:
+        """Count ``nbytes`` read through the map of the shard ``key`` (its real path). Past
+        _MAPPED_BYTES, every page of the maps read since the last sweep is unmapped from this
+        process (see packer.store.mapped_pages), unless all the open maps are no larger than
+        that: then they may stay, and re-mapping their pages would be a cost for nothing.
+        Only the maps read since: unmapping walks a map's whole range, and with a store's
+        shards all open, walking every one of them each 32 MB cost more than the reads."""
+        self._read_since.add(key)
         self._unswept += nbytes
         if self._unswept < _MAPPED_BYTES:
             return
         # Under the lock: no map is closed, and its addresses reused, during the sweep.
         with self._lock:
             self._unswept = 0
+            read, self._read_since = self._read_since, set()
             if self._pid != os.getpid():  # a forked child's inherited maps: acquire closes them
                 return
-            spans = [span for _, _, span in self._open.values() if span is not None]
-            if sum(length for _, length in spans) > _MAPPED_BYTES:
-                for span in spans:
-                    mapped_pages.drop_pages(span)
+            spans = {key: span for key, (_, _, span) in self._open.items() if span is not None}
+            if sum(length for _, length in spans.values()) > _MAPPED_BYTES:
+                for key in read & spans.keys():
+                    mapped_pages.drop_pages(spans[key])
 
 
 def _refuse_short(env: lmdb.Environment, path: str) -> None:
@@ -307,6 +314,7 @@ class LmdbShardReader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._env = _ENVIRONMENTS.acquire(path)
+        self._count_read = partial(_ENVIRONMENTS.count_read, os.path.realpath(path))
         self._closed = False
         with self._env.begin() as txn:
             raw = txn.get(META_KEY)
@@ -325,7 +333,7 @@ class LmdbShardReader:
                     self.meta,
                     partial(_places, self.meta, file_bytes=self._file_bytes),
                     self._file_bytes,
-                    _ENVIRONMENTS.count_read,
+                    self._count_read,
                 )
             else:
                 self._shape = _columns_shape(self.meta)  # None: the "records" layout
@@ -398,7 +406,7 @@ class LmdbShardReader:
                 records.append(keep(row, value))
                 nbytes += len(value)
                 cursor.next()
-        _ENVIRONMENTS.count_read(nbytes)
+        self._count_read(nbytes)
         return _to_block(records, self.meta.get("num_label_columns", 0), out, stop - start)
 
     def _kept(
@@ -506,7 +514,7 @@ class LmdbShardReader:
         if n and (at != n * row_bytes or cursor.key() != record_key(stop - 1)):
             self._find_missing(txn, start, stop)
             raise ValueError(f"{self.path}: records {start}..{stop - 1} are not all there")
-        _ENVIRONMENTS.count_read(at)
+        self._count_read(at)
 
     def _find_missing(self, txn: lmdb.Transaction, start: int, stop: int) -> None:
         """Raise ValueError naming the first of records start..stop-1 whose key is not there,
@@ -571,7 +579,7 @@ class LmdbShardReader:
             value = txn.get(record_key(index))
         if value is None:
             raise ValueError(f"{self.path}: record {index} is missing")
-        _ENVIRONMENTS.count_read(len(value))
+        self._count_read(len(value))
         return unpack_value(value)  # a view of ``value``, a bytes object of its own
 
     def read_labels(self) -> np.ndarray:
@@ -587,7 +595,7 @@ class LmdbShardReader:
             labels = [
                 unpack_value(value).labels for key, value in txn.cursor() if bytes(key) != META_KEY
             ]
-        _ENVIRONMENTS.count_read(_used_bytes(self._env))  # one walk over every page, at most
+        self._count_read(_used_bytes(self._env))  # one walk over every page, at most
         return np.array(labels, np.int64).reshape(len(labels), columns)
 
     def close(self) -> None:
