@@ -265,8 +265,9 @@ class _Environments:
         _MAPPED_BYTES, every page of the maps read since the last sweep is unmapped from this
         process (see packer.store.mapped_pages), unless all the open maps are no larger than
         that: then they may stay, and re-mapping their pages would be a cost for nothing.
-        Only the maps read since: unmapping walks a map's whole range, and with a store's
-        shards all open, walking every one of them each 32 MB cost more than the reads."""
+        Only the maps read since: unmapping walks a map's whole range, and a process holds
+        every shard of a store open, so walking them all each time cost in proportion to the
+        store, not to what was read."""
         self._read_since.add(key)
         self._unswept += nbytes
         if self._unswept < _MAPPED_BYTES:
@@ -277,10 +278,10 @@ class _Environments:
             read, self._read_since = self._read_since, set()
             if self._pid != os.getpid():  # a forked child's inherited maps: acquire closes them
                 return
-            spans = {key: span for key, (_, _, span) in self._open.items() if span is not None}
+            spans = {shard: span for shard, (_, _, span) in self._open.items() if span}
             if sum(length for _, length in spans.values()) > _MAPPED_BYTES:
-                for key in read & spans.keys():
-                    mapped_pages.drop_pages(spans[key])
+                for shard in read & spans.keys():
+                    mapped_pages.drop_pages(spans[shard])
 
 
 def _refuse_short(env: lmdb.Environment, path: str) -> None:
