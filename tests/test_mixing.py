@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,29 @@ def test_ranks_and_a_resume_on_more_ranks_cover_the_mixture_once(stores: dict[st
                 if rank == 0:
                     state = r.state_dict()
     assert Counter(taken) == everything
+
+
+def test_a_mixtures_state_names_each_stores_share_of_the_buffer(stores: dict[str, Path]) -> None:
+    """The order of a mixture depends on how the stores share the shuffle buffer: a state
+    saved with another share, or by a packer that gave each store a whole buffer (no
+    ``window_chunks``), is refused in one line; one store's state does not carry it."""
+    mix = [stores["a"], stores["b"]]
+    options: dict[str, Any] = {"batch_size": 16, "seed": 4, "weights": [0.75, 0.25]}
+    with open_reader(mix, chunk_size=10, **options) as reader:
+        next(iter(reader.epoch(0)))
+        state = reader.state_dict()
+        assert state["window_chunks"] == [6, 2]
+        older = {k: v for k, v in state.items() if k != "window_chunks"}
+        for saved, says in (
+            (older, "older packer, which gave each store a whole shuffle buffer"),
+            ({**state, "window_chunks": [8, 8]}, "window_chunks [8, 8]"),
+        ):
+            with pytest.raises(UsageError, match=re.escape(says)) as info:
+                reader.load_state_dict(saved)
+            assert "\n" not in str(info.value)
+        reader.load_state_dict(state)  # its own state loads
+    with open_reader(stores["a"], batch_size=16) as alone:
+        assert "window_chunks" not in alone.state_dict()
 
 
 def test_a_mixture_through_dataloader_workers(stores: dict[str, Path]) -> None:

@@ -161,6 +161,7 @@ class Reader:
             shuffle=options.shuffle,
             buffer_chunks=options.buffer_chunks,
             remainder=options.remainder,
+            window_chunks=self.planner.window_chunks,
         )
         self._next_epoch = 0
         # A loaded state: (epoch, the phases of it already read elsewhere).

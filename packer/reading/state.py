@@ -4,8 +4,8 @@
      "batch_size": 32, "drop_last": false, "batches": 30}], "seed": 0, "stores": [...], ...}
 
 The run is named by what fixes an epoch's order: each store (name, records, a fingerprint of
-its manifest), each store's records per epoch, the seed, chunk sizes, buffer, shuffle and
-remainder. The progress is the list of phases (see packer.reading.lanes), which any world
+its manifest), each store's records per epoch, the seed, chunk sizes, buffer (and, in a
+mixture, each store's share of it), shuffle and remainder. The progress is the list of phases (see packer.reading.lanes), which any world
 size or batch size can continue from, and ``records_done``, the records all ranks together
 have used up: one number, checked against the phases when the state is loaded. Plain ints,
 strings and lists, so json and torch.save keep it as it is.
@@ -45,8 +45,11 @@ def run_identity(
     shuffle: bool,
     buffer_chunks: int,
     remainder: str,
+    window_chunks: Sequence[int],
 ) -> dict[str, Any]:
-    """The fields of a state that must match the reader that loads it."""
+    """The fields of a state that must match the reader that loads it; for a mixture, each
+    store's share of the shuffle buffer too (``window_chunks``)."""
+    mixture = {"window_chunks": list(window_chunks)} if len(names) > 1 else {}
     return {
         "stores": [
             {"name": name, "records": m.num_records, "fingerprint": fingerprint(m)}
@@ -58,6 +61,7 @@ def run_identity(
         "chunk_sizes": list(chunk_sizes),
         "buffer_chunks": buffer_chunks,
         "remainder": remainder,
+        **mixture,
     }
 
 
@@ -91,6 +95,11 @@ def from_state(state: Any, identity: dict[str, Any]) -> tuple[int, tuple[Phase, 
     if "version" not in state and {"epoch", "batch"} <= set(state):
         raise StateError(
             "state has no store or layout (saved by packer 0.1): it cannot be resumed exactly"
+        )
+    if "window_chunks" in identity and "window_chunks" not in state and "version" in state:
+        raise StateError(
+            "state of a mixture saved by an older packer, which gave each store a whole "
+            "shuffle buffer: its order cannot be resumed exactly"
         )
     for key in ("version", "epoch", "records_done", "phases", *identity):
         if key not in state:
