@@ -185,20 +185,23 @@ class Ordered:
         then joined."""
         if self.pixels is None:
             return self.records.rows(start, stop)
-        # mode="clip": the order's indices are in range, and mode="raise" would copy through
-        # a temporary buffer when given ``out``.
-        pixels = np.take(self.pixels, self.order[start:stop], axis=0, out=out, mode="clip")
-        return self.records.rows(start, stop, pixels)
+        return self.records.rows(start, stop, self._copied(start, stop, out))
 
     def stored(self, start: int, stop: int, out: np.ndarray) -> Batch:
         """Records ``start`` to ``stop`` of a clean window as a finished batch, their pixels
         copied into ``out``: what finish_batch makes of ``rows`` with nothing to do per
         image, without the Window in between (a raw batch's Python cost, twice over in a
         mixture)."""
-        assert self.clean and self.pixels is not None, "stored() is for clean raw windows"
-        pixels = np.take(self.pixels, self.order[start:stop], axis=0, out=out, mode="clip")
+        assert self.clean, "stored() is for clean raw windows"
+        pixels = self._copied(start, stop, out)
         labels = batch_labels(self.records.labels[start:stop])
         return Batch(pixels, labels, self.records.paths[start:stop], 0, pixels.nbytes)
+
+    def _copied(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        assert self.pixels is not None
+        # mode="clip": the order's indices are in range, and mode="raise" would copy through
+        # a temporary buffer when given ``out``.
+        return np.take(self.pixels, self.order[start:stop], axis=0, out=out, mode="clip")
 
 
 def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:

@@ -461,11 +461,10 @@ class _Cursor:
         parts: list[Window] = []
         got = 0
         while got < n:
-            while self.window is None or self.at == len(self.window):
-                self._next_window()
-            k = min(n - got, len(self.window) - self.at)
+            window = self._current()
+            k = min(n - got, len(window) - self.at)
             rows = into[got : got + k] if into is not None else None
-            parts.append(self.window.rows(self.at, self.at + k, rows))
+            parts.append(window.rows(self.at, self.at + k, rows))
             self.at += k
             got += k
         return concat(parts, into)
@@ -475,13 +474,18 @@ class _Cursor:
         where they lie in one clean window (``Ordered.stored``); else None, and ``take``
         has them. Only a batch that crosses into the next window, or a window with a
         damaged record, goes the long way."""
-        while self.window is None or self.at == len(self.window):
-            self._next_window()
-        if not self.window.clean or self.at + n > len(self.window):
+        window = self._current()
+        if not window.clean or self.at + n > len(window):
             return None
-        batch = self.window.stored(self.at, self.at + n, into)
+        batch = window.stored(self.at, self.at + n, into)
         self.at += n
         return batch
+
+    def _current(self) -> Ordered:
+        """The window the next record is in, read once the last one is used up."""
+        while self.window is None or self.at == len(self.window):
+            self._next_window()
+        return self.window
 
     def _next_window(self) -> None:
         piece = self.pieces[self.next_piece]
