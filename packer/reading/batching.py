@@ -175,6 +175,7 @@ class Ordered:
             indices=window.indices[order],
             intact=None if window.intact is None else window.intact[order],
         )
+        self.labels = batch_labels(self.records.labels)  # what a batch of them carries
 
     def __len__(self) -> int:
         return len(self.order)
@@ -194,14 +195,15 @@ class Ordered:
         mixture)."""
         assert self.clean, "stored() is for clean raw windows"
         pixels = self._copied(start, stop, out)
-        labels = batch_labels(self.records.labels[start:stop])
-        return Batch(pixels, labels, self.records.paths[start:stop], 0, pixels.nbytes)
+        return Batch(
+            pixels, self.labels[start:stop], self.records.paths[start:stop], 0, pixels.nbytes
+        )
 
     def _copied(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         assert self.pixels is not None
         # mode="clip": the order's indices are in range, and mode="raise" would copy through
         # a temporary buffer when given ``out``.
-        return np.take(self.pixels, self.order[start:stop], axis=0, out=out, mode="clip")
+        return self.pixels.take(self.order[start:stop], axis=0, out=out, mode="clip")
 
 
 def concat(parts: Sequence[Window], data: np.ndarray | None = None) -> Window:
