@@ -307,7 +307,7 @@ class Producer:
             total, size = len(lane), opts.batch_size
             per_batch = _counts_per_batch(lane, size, len(cursors))
             # The store of each record, batch by batch, grouped by store as the parts are:
-            # made once a lane, where a loop per batch cost raw mixed batches a few percent.
+            # made once a lane, so a batch takes a slice of it rather than running a loop.
             sources = None
             if per_batch is not None:
                 stores_of = np.tile(np.arange(len(cursors), dtype=np.int64), len(per_batch))
