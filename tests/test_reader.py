@@ -645,3 +645,39 @@ def test_a_clean_raw_windows_batches_come_finished_as_finish_batch_makes_them(
     damaged[7] = False
     assert not Ordered(window(damaged), order).clean
     assert not Ordered(window(None, [bytes(3)] * n), order).clean
+
+
+def test_a_clean_raw_windows_rows_carry_every_column_in_the_order() -> None:
+    """A clean raw window puts only labels and paths in order up front; a batch that crosses
+    into the next window takes ``rows`` of it, which must still carry every column in the
+    order, as a window with a damaged record (every column put in order up front) does."""
+    n = 30
+    rng = np.random.default_rng(4)
+
+    def window(intact: np.ndarray) -> Window:
+        return Window(
+            data=rng.integers(0, 256, (n, 2, 2, 3), dtype=np.uint8),
+            labels=np.arange(2 * n).reshape(n, 2),
+            paths=[f"p{i}" for i in range(n)],
+            crc32=np.arange(n, dtype=np.uint32) * 7,
+            shapes=np.tile([2, 2, 3], (n, 1)) + np.arange(n)[:, None],
+            formats=[f"f{i}" for i in range(n)],
+            shards=np.arange(n) % 3,
+            indices=np.arange(n) + 100,
+            intact=intact,
+        )
+
+    order = rng.permutation(n)
+    damaged = np.ones(n, bool)
+    damaged[5] = False
+    for source in (window(np.ones(n, bool)), window(damaged)):
+        ordered = Ordered(source, order)
+        assert ordered.clean == bool(source.intact.all())
+        for start, stop in ((0, 9), (9, 30), (12, 13)):
+            at = order[start:stop]
+            got = ordered.rows(start, stop, np.empty((stop - start, 2, 2, 3), np.uint8))
+            assert np.array_equal(got.data, source.data[at])
+            for column in ("labels", "crc32", "shapes", "shards", "indices", "intact"):
+                assert np.array_equal(getattr(got, column), getattr(source, column)[at]), column
+            assert got.paths == [source.paths[i] for i in at]
+            assert got.formats == [source.formats[i] for i in at]

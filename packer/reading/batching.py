@@ -78,6 +78,21 @@ class Window:
             intact=None if self.intact is None else self.intact[start:stop],
         )
 
+    def picked(self, at: np.ndarray, data: Any = None) -> Window:
+        """The records at positions ``at``, in that order, each column gathered (``data``:
+        their payloads, where the caller has them apart)."""
+        return Window(
+            data=data if data is not None else _gathered(self.data, at),
+            labels=self.labels[at],
+            paths=_picked(self.paths, at),
+            crc32=self.crc32[at],
+            shapes=self.shapes[at],
+            formats=_picked(self.formats, at),
+            shards=self.shards[at],
+            indices=self.indices[at],
+            intact=None if self.intact is None else self.intact[at],
+        )
+
 
 @dataclass
 class Batch:
@@ -153,29 +168,28 @@ class Ordered:
     Each column is put in that order once a window, not once a batch: per batch, a gather
     of every column cost more than a raw batch's pixels, and a mixture's batch, drawn from
     a window of each store, paid it twice. Raw pixels of one shape are the exception: they
-    stay as read and are copied once, into the rows of each batch's own array.
+    stay as read and are copied once, into the rows of each batch's own array. A clean
+    window of them (see ``stored``) orders only what its batches carry, labels and paths:
+    the other columns serve only the batch that crosses into the next window, which
+    gathers its own.
     """
 
     def __init__(self, window: Window, order: np.ndarray) -> None:
         data = window.data
+        self.window, self.order = window, order
         self.pixels = data if isinstance(data, np.ndarray) else None
-        self.order = order
         # Raw pixels whose every checksum matched as they were read (or were not to be
         # checked): a batch of them is finished once gathered (``stored``).
         intact = window.intact
         self.clean = self.pixels is not None and (intact is None or bool(intact.all()))
-        self.records = Window(
-            data=[] if isinstance(data, np.ndarray) else _picked(data, order),
-            labels=window.labels[order],
-            paths=_picked(window.paths, order),
-            crc32=window.crc32[order],
-            shapes=window.shapes[order],
-            formats=_picked(window.formats, order),
-            shards=window.shards[order],
-            indices=window.indices[order],
-            intact=None if window.intact is None else window.intact[order],
-        )
-        self.labels = batch_labels(self.records.labels)  # what a batch of them carries
+        # Every column in order but raw pixels (copied per batch); None for a clean window.
+        self.records: Window | None = None
+        if self.clean:
+            self.paths, labels = _picked(window.paths, order), window.labels[order]
+        else:
+            self.records = window.picked(order, data=[] if self.pixels is not None else None)
+            self.paths, labels = self.records.paths, self.records.labels
+        self.labels = batch_labels(labels)  # what a batch of them carries
 
     def __len__(self) -> int:
         return len(self.order)
@@ -185,8 +199,12 @@ class Ordered:
         raw pixels into, so a batch that spans two windows is copied once, not gathered and
         then joined."""
         if self.pixels is None:
+            assert self.records is not None
             return self.records.rows(start, stop)
-        return self.records.rows(start, stop, self._copied(start, stop, out))
+        pixels = self._copied(start, stop, out)
+        if self.records is None:
+            return self.window.picked(self.order[start:stop], pixels)
+        return self.records.rows(start, stop, pixels)
 
     def stored(self, start: int, stop: int, out: np.ndarray) -> Batch:
         """Records ``start`` to ``stop`` of a clean window as a finished batch, their pixels
@@ -195,9 +213,7 @@ class Ordered:
         mixture)."""
         assert self.clean, "stored() is for clean raw windows"
         pixels = self._copied(start, stop, out)
-        return Batch(
-            pixels, self.labels[start:stop], self.records.paths[start:stop], 0, pixels.nbytes
-        )
+        return Batch(pixels, self.labels[start:stop], self.paths[start:stop], 0, pixels.nbytes)
 
     def _copied(self, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         assert self.pixels is not None
@@ -237,6 +253,10 @@ def _picked(items: list[Any], order: np.ndarray) -> list[Any]:
     if len(order) < 2:
         return [items[int(i)] for i in order]
     return list(operator.itemgetter(*order.tolist())(items))
+
+
+def _gathered(data: np.ndarray | list[Any], at: np.ndarray) -> np.ndarray | list[Any]:
+    return data[at] if isinstance(data, np.ndarray) else _picked(data, at)
 
 
 def _joined(lists: Iterable[list[Any]]) -> list[Any]:
