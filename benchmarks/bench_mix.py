@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark a weighted mixture of two stores against reading one store alone, side by side.
 
-Two stores of the same kind of images (generated, seeded apart), packed alike; a run reads
-epochs of the same number of records either from store A alone or from the
-mixture ``open_reader([A, B], weights=[0.7, 0.3], epoch_size=len(A))``, and the two kinds of
-run alternate, ``--repeat`` times each, so both see the same machine. Figures: images/s of
-each run's epochs after its first (which opens the stores), the best and the median of each
-kind, and mixed / alone: of the bests, and the median of the ratios of runs made one after
-the other.
-Goal: the mixture >= 0.95x.
+Two stores of the same kind of images (generated, seeded apart), packed alike. Two readers are
+open in one process: one of store A alone, one of the mixture ``open_reader([A, B],
+weights=[0.7, 0.3], epoch_size=len(A))``, and they take turns, a few epochs each, ``--repeat``
+turns each (which goes first alternates), so both see the same machine from one second to the
+next: on a shared machine, rates drift by more than the difference measured. Figures: images/s
+of each turn, and images per CPU second of the process; the best and the median of each kind,
+and mixed / alone: of the bests, and the median of the ratios of turns taken one after the
+other. Goal: the mixture >= 0.95x.
 
 Cases:
   raw      raw 32x32 pixels (``PackOptions(raw=True, size=(32, 32))``): nothing to decode, so
@@ -18,7 +18,7 @@ Cases:
 
 Stores are warm in the page cache.
 
-    python benchmarks/bench_mix.py            # ~10 minutes, plus packing the first time;
+    python benchmarks/bench_mix.py            # ~5 minutes, plus packing the first time;
                                               # writes docs/benchmarks/mixing.md
     python benchmarks/bench_mix.py --quick    # smoke test (--out to write elsewhere)
     python benchmarks/bench_mix.py --json
@@ -40,9 +40,13 @@ import numpy as np
 import reporting
 from PIL import Image
 
-from packer import PackOptions, open_reader, pack
+from packer import PackOptions, open_reader, pack, read_manifest
+from packer.reading.mixture import quotas, window_chunks
+from packer.reading.options import ReaderOptions, default_chunk_size
+from packer.store.record import checksum
 
 WEIGHTS = [0.7, 0.3]  # store A's and B's shares of the mixture
+BATCH = 256
 
 
 def make_folder(root: Path, count: int, seed: int) -> Path:
@@ -70,31 +74,28 @@ def packed(folder: Path, out: Path, **options: Any) -> Path:
     return out
 
 
-def run(paths: list[Path], epochs: int, warmup: int, **options: Any) -> tuple[float, float]:
-    """(images per second, images per CPU second of the whole process) of ``epochs`` epochs
-    after ``warmup`` (not timed: they open the stores, start the threads and read every
-    store once), each epoch asked for in turn as a training loop does. CPU seconds count
-    every thread's and decode process's work, so they say what the read costs even where
-    other jobs share the cores."""
+def turn(reader: Any, first: int, epochs: int) -> tuple[float, float]:
+    """(images per second, images per CPU second of the whole process) of ``reader``'s
+    epochs ``first`` to ``first + epochs``, each asked for in turn as a training loop does.
+    CPU seconds count every thread's and decode process's work, so they say what the read
+    costs even where other jobs share the cores."""
     images = 0
-    with open_reader(paths if len(paths) > 1 else paths[0], **options) as reader:
-        for epoch in range(warmup):
-            for _ in reader.epoch(epoch):
-                pass
-        start, cpu = time.perf_counter(), cpu_seconds()
-        for epoch in range(warmup, warmup + epochs):
-            for batch in reader.epoch(epoch):
-                images += len(batch[1])
-        return images / (time.perf_counter() - start), images / (cpu_seconds() - cpu)
+    start, cpu = time.perf_counter(), cpu_seconds()
+    for epoch in range(first, first + epochs):
+        for batch in reader.epoch(epoch):
+            images += len(batch[1])
+    return images / (time.perf_counter() - start), images / (cpu_seconds() - cpu)
 
 
 def cpu_seconds() -> float:
-    """CPU seconds of this process and of its live children (the reader's decode
-    processes), from Linux's /proc; elsewhere this process's alone."""
+    """CPU seconds of this process (every thread, to the nanosecond) and of its live
+    children (the reader's decode processes, in the kernel's ticks: they run for seconds),
+    from Linux's /proc; elsewhere this process's alone."""
     proc = Path("/proc")
+    own = time.process_time()
     if not (proc / "self" / "stat").exists():
-        return time.process_time()
-    me, ticks, total = os.getpid(), os.sysconf("SC_CLK_TCK"), 0
+        return own
+    me, ticks, children = os.getpid(), os.sysconf("SC_CLK_TCK"), 0
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -102,9 +103,9 @@ def cpu_seconds() -> float:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # ended meanwhile
             continue
-        if int(entry.name) == me or int(fields[1]) == me:  # fields[1]: the parent's pid
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+        if int(fields[1]) == me:  # fields[1]: the parent's pid
+            children += int(fields[11]) + int(fields[12])  # utime, stime
+    return own + children / ticks
 
 
 def compare(
@@ -112,41 +113,150 @@ def compare(
 ) -> dict[str, Any]:
     runs: dict[str, list[tuple[float, float]]] = {"alone": [], "mixed": []}
     mix = {"weights": WEIGHTS, "epoch_size": records}
-    # Until every record of each store has been read once: B gives 30% of an epoch of the
-    # mixture, so it is read whole in 4 of them. Parsed block headers are kept (reading.md),
-    # so this is when each read is at its steady cost.
-    warm = {"alone": 1, "mixed": math.ceil(1 / min(WEIGHTS))}
-    for r in range(repeat):
-        # Alternate which goes first, so neither always follows the other.
-        order = [("alone", [a], {}), ("mixed", [a, b], mix)]
-        for kind, paths, extra in order if r % 2 == 0 else order[::-1]:
-            runs[kind].append(run(paths, epochs, warm[kind], **options, **extra))
-    out: dict[str, Any] = {"case": name, "records_per_epoch": records, "epochs_per_run": epochs}
+    with open_reader(a, **options) as alone, open_reader([a, b], **options, **mix) as mixed:
+        readers = {"alone": alone, "mixed": mixed}
+        # Not timed: until every record of each store has been read once. B gives 30% of an
+        # epoch of the mixture, so it is read whole in 4 of them. Parsed block headers are
+        # kept (reading.md), so from then on each read is at its steady cost.
+        done = {"alone": 1, "mixed": math.ceil(1 / min(WEIGHTS))}
+        for kind, reader in readers.items():
+            for epoch in range(done[kind]):
+                for _ in reader.epoch(epoch):
+                    pass
+        for r in range(repeat):
+            order = ["alone", "mixed"] if r % 2 == 0 else ["mixed", "alone"]
+            for kind in order:
+                runs[kind].append(turn(readers[kind], done[kind], epochs))
+                done[kind] += epochs
+    out: dict[str, Any] = {"case": name, "records_per_epoch": records, "epochs_per_turn": epochs}
     for measure, at in (("wall", 0), ("cpu", 1)):
-        alone = [x[at] for x in runs["alone"]]
-        mixed = [x[at] for x in runs["mixed"]]
-        pairs = [m / s for m, s in zip(mixed, alone, strict=True)]
+        alone_rates = [x[at] for x in runs["alone"]]
+        mixed_rates = [x[at] for x in runs["mixed"]]
+        pairs = [m / s for m, s in zip(mixed_rates, alone_rates, strict=True)]
         out[measure] = {
-            "alone_best": round(max(alone)),
-            "mixed_best": round(max(mixed)),
-            "alone_median": round(statistics.median(alone)),
-            "mixed_median": round(statistics.median(mixed)),
-            "ratio_of_best": round(max(mixed) / max(alone), 3),
+            "alone_best": round(max(alone_rates)),
+            "mixed_best": round(max(mixed_rates)),
+            "alone_median": round(statistics.median(alone_rates)),
+            "mixed_median": round(statistics.median(mixed_rates)),
+            "ratio_of_best": round(max(mixed_rates) / max(alone_rates), 3),
+            "median_of_pair_ratios": round(statistics.median(pairs), 3),
+        }
+    return out
+
+
+class Copies:
+    """What reading raw pixels copies, and nothing more: no reader, no store, one thread.
+    Windows of ``sizes`` rows of random pixels, each refilled from ``source`` and checked
+    (CRC-32) once its rows are used up; each batch's rows gathered from them in a random
+    order, ``draws`` rows from each. ``joint``: the windows are parts of one array, refilled
+    and checked together, their sizes in proportion to their draws so they run out together.
+    """
+
+    def __init__(self, source: np.ndarray, sizes: list[int], draws: list[int], joint: bool):
+        self.source, self.draws, self.joint = source, draws, joint
+        self.rng = np.random.default_rng(0)
+        if joint:
+            whole = sum(sizes)
+            sizes = [round(whole * d / sum(draws)) for d in draws]
+            array = np.empty((sum(sizes), *source.shape[1:]), np.uint8)
+            bounds = np.cumsum([0, *sizes])
+            self.windows = [array[a:z] for a, z in zip(bounds[:-1], bounds[1:])]
+            self.checked = [array]  # what one refill checks
+        else:
+            self.windows = [np.empty((n, *source.shape[1:]), np.uint8) for n in sizes]
+            self.checked = self.windows
+        self.orders: list[np.ndarray] = [np.zeros(0, np.int64) for _ in sizes]
+        self.at = [0 for _ in sizes]
+        self.read = 0  # rows of the source read so far
+
+    def _refill(self, parts: list[int]) -> None:
+        for i in parts:
+            window = self.windows[i]
+            start = self.read % (len(self.source) - len(window))
+            window[:] = self.source[start : start + len(window)]
+            self.read += len(window)
+            self.orders[i], self.at[i] = self.rng.permutation(len(window)), 0
+        for array in self.checked if self.joint else [self.windows[i] for i in parts]:
+            checksum(array.reshape(-1).data)
+
+    def turn(self, batches: int) -> float:
+        """Images per second of ``batches`` batches."""
+        started, size = time.perf_counter(), sum(self.draws)
+        for _ in range(batches):
+            empty = [i for i, d in enumerate(self.draws) if self.at[i] + d > len(self.orders[i])]
+            if empty:
+                self._refill(list(range(len(self.draws))) if self.joint else empty)
+            rows, row = np.empty((size, *self.source.shape[1:]), np.uint8), 0
+            for i, d in enumerate(self.draws):
+                at = self.orders[i][self.at[i] : self.at[i] + d]
+                self.windows[i].take(at, axis=0, out=rows[row : row + d], mode="clip")
+                self.at[i] += d
+                row += d
+        return batches * size / (time.perf_counter() - started)
+
+
+def copies(name: str, store: Path, records: int, batches: int, repeat: int) -> dict[str, Any]:
+    """Copies (above) in turns, as compare() takes the readers': one window of the
+    reader's buffer (``alone``) against the mixture's per-store windows, and against one
+    joint window. ``records``: rows of random pixels to refill from (about the store's)."""
+    manifest = read_manifest(store)
+    shape = tuple(manifest.storage.shape or ())
+    # At least a batch a chunk: --quick's stores have chunks smaller than a batch's draws.
+    chunk = max(BATCH, default_chunk_size(manifest.stats, manifest.num_records))
+    buffer = ReaderOptions(batch_size=BATCH).buffer_chunks
+    rng = np.random.default_rng(1)
+    rows = max(records, 4 * buffer * chunk)  # windows refill from apart in it
+    source = rng.integers(0, 256, (rows, *shape), np.uint8)
+    shares = quotas([records, records], WEIGHTS, BATCH)
+    split = [n * chunk for n in window_chunks(buffer, shares)]
+    ways = {
+        "alone": Copies(source, [buffer * chunk], [BATCH], joint=False),
+        "mixed": Copies(source, split, shares, joint=False),
+        "joint": Copies(source, split, shares, joint=True),
+    }
+    rates: dict[str, list[float]] = {kind: [] for kind in ways}
+    for r in range(repeat):
+        kinds = list(ways) if r % 2 == 0 else list(ways)[::-1]
+        for kind in kinds:
+            rates[kind].append(ways[kind].turn(batches))
+    out: dict[str, Any] = {"case": name, "batches_per_turn": batches}
+    for kind in ("mixed", "joint"):
+        pairs = [m / a for m, a in zip(rates[kind], rates["alone"], strict=True)]
+        out[kind] = {
+            "alone_best": round(max(rates["alone"])),
+            "mixed_best": round(max(rates[kind])),
+            "alone_median": round(statistics.median(rates["alone"])),
+            "mixed_median": round(statistics.median(rates[kind])),
+            "ratio_of_best": round(max(rates[kind]) / max(rates["alone"]), 3),
             "median_of_pair_ratios": round(statistics.median(pairs), 3),
         }
     return out
 
 
 _PROSE = """Two LMDB stores of {count:,} generated JPEGs each (64-128 px a side, seeded apart), packed
-alike: as raw 32x32 pixels, raw 64x64 pixels, and as the original JPEGs. A run reads epochs of
-{count:,} records either from store A alone or from `open_reader([A, B], weights=[0.7, 0.3],
-epoch_size={count})`, batch 256, default options. The first epochs of a run are not timed: they
-open the stores, start the threads and read each store once, so that every block's header is
-parsed (the reader keeps them): one epoch alone, four of the mixture, where B gives 30% of
-each. The two kinds of run alternate, {repeat} of each. Stores are
-warm in the page cache. Besides images/s, each run's images per CPU second of the whole process
-(every thread's and decode process's work): on cores shared with other jobs, that says what the read costs, where
-wall time says as much about the neighbours.
+alike: as raw 32x32 pixels, raw 64x64 pixels, and as the original JPEGs. Two readers are open in
+one process, batch 256, default options: store A alone, and `open_reader([A, B],
+weights=[0.7, 0.3], epoch_size={count})`, epochs of {count:,} records each. They take turns of
+a few epochs (the second column of the table), {repeat} turns each, which goes first
+alternating, so both meet the same machine from one second to the next. Not timed: the epochs
+until every record of each store has been read once, so that every block's header is parsed
+(the reader keeps them): one epoch alone, four of the mixture, where B gives 30% of each.
+Stores are warm in the page cache. Besides images/s, each turn's images per CPU second of the
+whole process (every thread's and decode process's work): on cores shared with other jobs,
+that says what the read costs, where wall time says as much about the neighbours.
+
+"""
+
+
+_COPIES_PROSE = """
+Where the rest of raw 32x32's cost lies: the same copies with no reader around them (the
+`Copies` class in the script), one thread, in turns of {batches} batches of 256, alternating
+as above. Windows of random 32x32 pixels, each refilled from a 300 MB array and checked with
+CRC-32 once its rows are used up; each batch gathered from them in a random order. *One
+window*: the reader's buffer, 8 chunks, as one store is read. *A window per store*: 6 and 2
+chunks, 179 and 77 rows of each batch from each, each refilled when it runs out, as the
+reader reads the mixture. *One joint window*: the same two parts as one array, sized to run
+out together, refilled and checked together.
 
 """
 
@@ -157,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     # Epochs as long as a user's: at 4,000 records an epoch of raw pixels lasts 10 ms, and
     # what each epoch costs once (its plan, its first window) drowned what each record costs.
     parser.add_argument("--images", type=int, default=100_000, help="records per store")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=12, help="turns of each reader")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", type=Path, default=reporting.DOCS / "mixing.md")
@@ -170,29 +280,32 @@ def main(argv: list[str] | None = None) -> None:
     raw = [packed(f, work / f"raw-{f.name}.lmdb", raw=True, size=(32, 32)) for f in folders]
     raw64 = [packed(f, work / f"raw64-{f.name}.lmdb", raw=True, size=(64, 64)) for f in folders]
     jpeg = [packed(f, work / f"jpeg-{f.name}.lmdb") for f in folders]
-    common = {"batch_size": 256, "seed": 0}
+    common = {"batch_size": BATCH, "seed": 0}
 
-    def epochs(records_per_run: int) -> int:  # about as many records a run at any --images
-        return max(1, records_per_run // count)
+    def epochs(records_per_turn: int) -> int:  # about as many records a turn at any --images
+        return max(1, records_per_turn // count)
 
     results = [
-        # Runs of a second or more: CPU time is counted in the kernel's 10 ms ticks.
-        compare("raw 32x32", *raw, records=count, epochs=epochs(800_000), repeat=repeat, **common),
+        # Turns of a few tenths of a second and more: long beside a thread switch, short
+        # beside the drift of a shared machine's rates.
+        compare("raw 32x32", *raw, records=count, epochs=epochs(200_000), repeat=repeat, **common),
         compare(
-            "raw 64x64", *raw64, records=count, epochs=epochs(400_000), repeat=repeat, **common
+            "raw 64x64", *raw64, records=count, epochs=epochs(100_000), repeat=repeat, **common
         ),
         compare(
             "decoded to 64x64",
             *jpeg,
             records=count,
-            epochs=epochs(8_000),
+            epochs=epochs(50_000),
             repeat=repeat,
             size=(64, 64),
             **common,
         ),
     ]
+    floor = copies("raw 32x32", raw[0], count, batches=max(1, 200_000 // BATCH), repeat=repeat)
     if args.json:
-        print(json.dumps({"machine": reporting.machine(), "results": results}, indent=1))
+        report = {"machine": reporting.machine(), "results": results, "copies": floor}
+        print(json.dumps(report, indent=1))
         return
     rows = []
     for r in results:
@@ -201,6 +314,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(
                 [
                     r["case"],
+                    f"{r['epochs_per_turn']} x {r['records_per_epoch']:,}",
                     unit,
                     f"{m['alone_best']:,}, {m['alone_median']:,}",
                     f"{m['mixed_best']:,}, {m['mixed_median']:,}",
@@ -209,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     columns = [
         "case",
+        "a turn: epochs x records",
         "measure",
         "alone (best, median)",
         "mixed 0.7/0.3 (best, median)",
@@ -229,6 +344,26 @@ def main(argv: list[str] | None = None) -> None:
     text += (
         "Goal: a mixed read at >= 0.95x the images/s of one store, by every measure above. "
         f"Met: {', '.join(met) or 'none'}. Not met: {', '.join(missed) or 'none'}.\n"
+    )
+    text += _COPIES_PROSE.format(batches=floor["batches_per_turn"]) + reporting.table(
+        [
+            "raw 32x32, copies only",
+            "one window: images/s (best, median)",
+            "images/s (best, median)",
+            "x one window: of the bests; median of pairs",
+        ],
+        [
+            [
+                label,
+                f"{m['alone_best']:,}, {m['alone_median']:,}",
+                f"{m['mixed_best']:,}, {m['mixed_median']:,}",
+                f"{m['ratio_of_best']:.3f}; {m['median_of_pair_ratios']:.3f}",
+            ]
+            for label, m in (
+                ("a window per store (as the reader reads)", floor["mixed"]),
+                ("one joint window", floor["joint"]),
+            )
+        ],
     )
     print(text)
     reporting.write(args.out, text)
