@@ -197,7 +197,7 @@ class Producer:
                 for parts, rows, sources in self._gathered(
                     stores, lane, verify, shared, epoch, ready
                 ):
-                    if isinstance(parts, Batch):  # finished as gathered
+                    if isinstance(parts, Batch):  # the whole batch finished as gathered
                         yield mover(parts)
                         continue
                     if ready:
@@ -241,12 +241,7 @@ class Producer:
         if rows is not None and all(
             isinstance(b.images, np.ndarray) and not b.skipped for _, b in parts
         ):
-            # Every store's part is its rows of the batch array, as gathered: nothing to copy.
-            paths: list[str] = []
-            for _, b in parts:
-                paths += b.paths
-            labels = np.concatenate([b.labels for _, b in parts])
-            return Batch(rows, labels, paths, 0, rows.nbytes, sources)
+            return _one_batch(parts, rows, sources)
         batch = merge_batches([b for _, b in parts], stack=stack)
         batch.sources = np.repeat(
             np.array([i for i, _ in parts], np.int64), [len(b.paths) for _, b in parts]
@@ -333,11 +328,12 @@ class Producer:
                         parts.append((i, cursors[i].take(count, into) if part is None else part))
                         row += count
                 # A copy: a view would carry the whole lane's array (torch shares it whole).
-                of = None if sources is None else sources[start : start + n].copy()
+                of_batch = None if sources is None else sources[start : start + n].copy()
                 if finished and rows is not None:
-                    yield _one_batch(cast(list[tuple[int, Batch]], parts), rows, of), rows, of
+                    done = cast(list[tuple[int, Batch]], parts)
+                    yield _one_batch(done, rows, of_batch), rows, of_batch
                 else:
-                    yield parts, rows, of
+                    yield parts, rows, of_batch
         finally:
             for i, cursor in enumerate(cursors):
                 array = cursor.close()
@@ -531,8 +527,8 @@ class _Cursor:
 
 
 def _one_batch(parts: list[tuple[int, Batch]], rows: np.ndarray, sources: Any) -> Batch:
-    """A raw batch whose every part came finished from its window, as one Batch: the parts'
-    pixels are the batch array's rows already."""
+    """A raw batch whose parts are finished and are their rows of the batch array already
+    (gathered into them): one Batch of them, with nothing copied, and ``sources``."""
     if len(parts) == 1:
         batch = parts[0][1]
     else:
