@@ -130,18 +130,22 @@ def compare(
                 done[kind] += epochs
     out: dict[str, Any] = {"case": name, "records_per_epoch": records, "epochs_per_turn": epochs}
     for measure, at in (("wall", 0), ("cpu", 1)):
-        alone_rates = [x[at] for x in runs["alone"]]
-        mixed_rates = [x[at] for x in runs["mixed"]]
-        pairs = [m / s for m, s in zip(mixed_rates, alone_rates, strict=True)]
-        out[measure] = {
-            "alone_best": round(max(alone_rates)),
-            "mixed_best": round(max(mixed_rates)),
-            "alone_median": round(statistics.median(alone_rates)),
-            "mixed_median": round(statistics.median(mixed_rates)),
-            "ratio_of_best": round(max(mixed_rates) / max(alone_rates), 3),
-            "median_of_pair_ratios": round(statistics.median(pairs), 3),
-        }
+        out[measure] = figures([x[at] for x in runs["alone"]], [x[at] for x in runs["mixed"]])
     return out
+
+
+def figures(alone: list[float], mixed: list[float]) -> dict[str, Any]:
+    """Best and median of each kind's turns, and mixed / alone: of the bests, and the median
+    of the ratios of turns taken one after the other."""
+    pairs = [m / a for m, a in zip(mixed, alone, strict=True)]
+    return {
+        "alone_best": round(max(alone)),
+        "mixed_best": round(max(mixed)),
+        "alone_median": round(statistics.median(alone)),
+        "mixed_median": round(statistics.median(mixed)),
+        "ratio_of_best": round(max(mixed) / max(alone), 3),
+        "median_of_pair_ratios": round(statistics.median(pairs), 3),
+    }
 
 
 class Copies:
@@ -161,10 +165,10 @@ class Copies:
             array = np.empty((sum(sizes), *source.shape[1:]), np.uint8)
             bounds = np.cumsum([0, *sizes])
             self.windows = [array[a:z] for a, z in zip(bounds[:-1], bounds[1:])]
-            self.checked = [array]  # what one refill checks
+            self.whole: np.ndarray | None = array
         else:
             self.windows = [np.empty((n, *source.shape[1:]), np.uint8) for n in sizes]
-            self.checked = self.windows
+            self.whole = None
         self.orders: list[np.ndarray] = [np.zeros(0, np.int64) for _ in sizes]
         self.at = [0 for _ in sizes]
         self.read = 0  # rows of the source read so far
@@ -176,7 +180,8 @@ class Copies:
             window[:] = self.source[start : start + len(window)]
             self.read += len(window)
             self.orders[i], self.at[i] = self.rng.permutation(len(window)), 0
-        for array in self.checked if self.joint else [self.windows[i] for i in parts]:
+        checked = [self.whole] if self.whole is not None else [self.windows[i] for i in parts]
+        for array in checked:
             checksum(array.reshape(-1).data)
 
     def turn(self, batches: int) -> float:
@@ -221,15 +226,7 @@ def copies(name: str, store: Path, records: int, batches: int, repeat: int) -> d
             rates[kind].append(ways[kind].turn(batches))
     out: dict[str, Any] = {"case": name, "batches_per_turn": batches}
     for kind in ("mixed", "joint"):
-        pairs = [m / a for m, a in zip(rates[kind], rates["alone"], strict=True)]
-        out[kind] = {
-            "alone_best": round(max(rates["alone"])),
-            "mixed_best": round(max(rates[kind])),
-            "alone_median": round(statistics.median(rates["alone"])),
-            "mixed_median": round(statistics.median(rates[kind])),
-            "ratio_of_best": round(max(rates[kind]) / max(rates["alone"]), 3),
-            "median_of_pair_ratios": round(statistics.median(pairs), 3),
-        }
+        out[kind] = figures(rates["alone"], rates[kind])
     return out
 
 
