@@ -75,8 +75,8 @@ def window_chunks(buffer_chunks: int, quotas: Sequence[int]) -> list[int]:
     So a mixture's windows hold together about what one store's window holds, and each
     lasts about as many batches: a store giving 30% of every batch empties a window of 30%
     of the chunks as fast as a store read alone empties a whole one. A whole buffer each
-    would hold k times the memory, and batches gathered from k whole windows read raw 32x32
-    pixels about 6% slower (benchmarks/bench_mix.py)."""
+    would hold k times the memory, and gathering batches from k whole windows was slower
+    (design-notes, "Mixing stores")."""
     total = sum(quotas)
     if len(quotas) == 1 or not total:
         return [buffer_chunks] * len(quotas)
