@@ -176,15 +176,18 @@ class Ordered:
 
     def __init__(self, window: Window, order: np.ndarray) -> None:
         data = window.data
-        self.window, self.order = window, order
+        self.order = order
         self.pixels = data if isinstance(data, np.ndarray) else None
         # Raw pixels whose every checksum matched as they were read (or were not to be
         # checked): a batch of them is finished once gathered (``stored``).
         intact = window.intact
         self.clean = self.pixels is not None and (intact is None or bool(intact.all()))
-        # Every column in order but raw pixels (copied per batch); None for a clean window.
+        # Every column in order but raw pixels (copied per batch); None for a clean window,
+        # which keeps its columns as read (``as_read``) for the batch that crosses out of it.
         self.records: Window | None = None
+        self.as_read: Window | None = None
         if self.clean:
+            self.as_read = window
             self.paths, labels = _picked(window.paths, order), window.labels[order]
         else:
             self.records = window.picked(order, data=[] if self.pixels is not None else None)
@@ -202,8 +205,9 @@ class Ordered:
             assert self.records is not None
             return self.records.rows(start, stop)
         pixels = self._copied(start, stop, out)
-        if self.records is None:
-            return self.window.picked(self.order[start:stop], pixels)
+        if self.as_read is not None:
+            return self.as_read.picked(self.order[start:stop], pixels)
+        assert self.records is not None
         return self.records.rows(start, stop, pixels)
 
     def stored(self, start: int, stop: int, out: np.ndarray) -> Batch:

@@ -288,8 +288,8 @@ class Producer:
         read_window); ``shared``: the one shape of every store's raw pixels, gathered into
         one array; ``stored``: those pixels need nothing more, so a part that lies in one
         clean window comes finished (a Batch, see _Cursor.stored), and a batch whose every
-        part did comes as one Batch. With each batch, its pixel array and, in a mixture,
-        the store of each of its records."""
+        part did comes as one Batch, which carries its own rows and sources. With a batch of
+        parts, its pixel array and, in a mixture, the store of each of its records."""
         opts = self.options
         cursors: list[_Cursor] = []
         try:
@@ -329,9 +329,9 @@ class Producer:
                         row += count
                 # A copy: a view would carry the whole lane's array (torch shares it whole).
                 of_batch = None if sources is None else sources[start : start + n].copy()
-                if finished and rows is not None:
+                if finished and rows is not None:  # the batch carries its rows and sources
                     done = cast(list[tuple[int, Batch]], parts)
-                    yield _one_batch(done, rows, of_batch), rows, of_batch
+                    yield _one_batch(done, rows, of_batch), None, None
                 else:
                     yield parts, rows, of_batch
         finally:

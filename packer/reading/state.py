@@ -6,9 +6,10 @@
 The run is named by what fixes an epoch's order: each store (name, records, a fingerprint of
 its manifest), each store's records per epoch, the seed, chunk sizes, buffer (and, in a
 mixture, each store's share of it), shuffle and remainder. The progress is the list of
-phases (see packer.reading.lanes), which any world size or batch size can continue from, and ``records_done``, the records all ranks together
-have used up: one number, checked against the phases when the state is loaded. Plain ints,
-strings and lists, so json and torch.save keep it as it is.
+phases (see packer.reading.lanes), which any world size or batch size can continue from,
+and ``records_done``, the records all ranks together have used up: one number, checked
+against the phases when the state is loaded. Plain ints, strings and lists, so json and
+torch.save keep it as it is.
 """
 
 from __future__ import annotations
