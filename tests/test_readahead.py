@@ -413,3 +413,51 @@ def test_by_default_the_next_window_is_read_ahead_as_memory_allows(
     without = _epochs(stores["lmdb"], epochs=1, buffer_chunks=3, read_ahead=0, decode=False)
     assert _epochs(stores["lmdb"], epochs=1, buffer_chunks=3, decode=False) == without
     assert depths and set(depths) == {depth}  # the epoch, and the next one prefetched
+
+
+def _drop_from_memory(files: list[Path]) -> None:
+    """Ask the kernel to let go of ``files``' pages (clean ones go at once where it can)."""
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _out_of_memory_or_skip(files: list[Path]) -> None:
+    _drop_from_memory(files)
+    share = readahead.share_not_in_memory(files)
+    if share is None:
+        pytest.skip("this system cannot tell which pages are in memory (no RWF_NOWAIT)")
+    if share < 0.9:
+        pytest.skip(f"this file system kept the pages in memory ({share:.0%} were dropped)")
+
+
+def test_share_not_in_memory_tells_pages_read_from_pages_dropped(tmp_path: Path) -> None:
+    files = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    for i, file in enumerate(files):
+        file.write_bytes(os.urandom((i + 1) << 20))
+    _out_of_memory_or_skip(files)
+    files[1].read_bytes()  # two thirds of the bytes, back in memory
+    assert readahead.share_not_in_memory(files) == pytest.approx(1 / 3, abs=0.1)
+    files[0].read_bytes()
+    assert readahead.share_not_in_memory(files) == 0.0
+    assert readahead.share_not_in_memory([]) is None
+
+
+def test_by_default_a_store_that_fits_in_memory_is_read_ahead_while_it_is_not_there(
+    stores: dict[str, Path],
+) -> None:
+    """The first epoch from a disk is read ahead, so reading and decoding overlap; it is kept
+    in memory, and the epochs after it are read from there, without the copy."""
+    store = stores["hdf5"]
+    _out_of_memory_or_skip(sorted(store.glob("shard-*")))
+    seen: list[set[str]] = []
+    with open_reader(store, batch_size=5, seed=1, chunk_size=9) as reader:
+        for epoch in range(2):
+            seen.append(set())
+            for _ in reader.epoch(epoch):
+                seen[-1] |= {t.name for t in threading.enumerate()}
+    assert ["packer-read-ahead" in names for names in seen] == [True, False]

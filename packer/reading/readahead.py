@@ -23,6 +23,7 @@ window with nothing to decode.
 from __future__ import annotations
 
 import os
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +34,14 @@ from packer.reading.epoch import Span
 from packer.store.access import Store
 from packer.store.base import Fetched
 
-__all__ = ["ReadAhead", "SUPPORTED", "auto_depth", "memory_for_cache", "store_bytes"]
+__all__ = [
+    "ReadAhead",
+    "SUPPORTED",
+    "auto_depth",
+    "memory_for_cache",
+    "share_not_in_memory",
+    "store_bytes",
+]
 
 # Consecutive reads of this size let the kernel's read-ahead grow its window and the page
 # cache's folios, so the device sees requests of 1 MB and more; one read of a whole range
@@ -177,6 +185,52 @@ class ReadAhead:
 def store_bytes(path: Path) -> int:
     """Bytes of the files of the store at ``path``."""
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def share_not_in_memory(files: Sequence[Path], samples: int = 32) -> float | None:
+    """About what share of ``files``' bytes the page cache does not hold: ``samples`` pages,
+    spread evenly over them, each read without waiting for the device (RWF_NOWAIT: a page
+    not in memory fails at once). None where this system cannot tell.
+
+    The probes read through a descriptor advised as random, so a page not in memory costs
+    one page read in the background, not the kernel's read-around; each call probes other
+    pages (one at random in each of ``samples`` equal stretches), not those the last one
+    brought in."""
+    nowait = getattr(os, "RWF_NOWAIT", None)
+    sizes = []
+    for file in files:
+        try:
+            sizes.append(file.stat().st_size)
+        except OSError:
+            return None
+    total = sum(sizes)
+    if nowait is None or not total:
+        return None
+    missing = 0
+    byte = bytearray(1)
+    positions = [(k + random.random()) * total / samples for k in range(samples)]
+    start = 0
+    for file, size in zip(files, sizes, strict=True):
+        mine = [int(at) - start for at in positions if start <= at < start + size]
+        start += size
+        if not mine:
+            continue
+        try:
+            fd = os.open(file, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            for offset in mine:
+                try:
+                    os.preadv(fd, [byte], offset & ~4095, nowait)
+                except BlockingIOError:
+                    missing += 1
+        except OSError:  # a file system that cannot read without waiting
+            return None
+        finally:
+            os.close(fd)
+    return missing / samples
 
 
 def auto_depth(window_chunks: int, chunk_bytes: float, memory: int, reserved: float = 0) -> int:
