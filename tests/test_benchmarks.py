@@ -179,6 +179,21 @@ def test_the_storage_page_sets_decoded_epochs_against_the_lower_limit() -> None:
     assert row in page
     assert "| hdd | HDF5 | 120 MB/s, 200 images/s | 1.00, 0.80 | failed | failed | failed |" in page
     assert "| hdd | 10 images/s | 20 images/s | 67 images/s | 3.3x |" in page
+    assert "fits in memory" not in page  # no cold-fit cases in this report: no table
+
+    # A store that fits in memory, read cold: its first epoch against the lower limit, and
+    # against the same epoch with read_ahead=0.
+    report["profiles"]["hdd"]["lmdb"]["cold fit"] = {  # type: ignore[index]
+        "decoded": epochs(1.0, 0.5),
+        "decoded-no-read-ahead": epochs(1.5, 0.5),
+    }
+    report["profiles"]["hdd"]["hdf5"]["cold fit"] = {  # type: ignore[index]
+        "decoded": {"failed": "exit 1"},
+        "decoded-no-read-ahead": epochs(1.5, 0.5),
+    }
+    page = bench_storage.render(report, "python benchmarks/bench_storage.py")
+    assert "| LMDB | 1.0, 0.5 | 0.80 | 1.5, 0.5 | 1.50x |" in page
+    assert "| HDF5 | failed | | | |" in page
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
