@@ -29,9 +29,10 @@ class ReaderOptions:
     chunk_size: int | None = None  # None: about 32 MB of payload, and at least 64 chunks
     buffer_chunks: int = 8  # chunks a shuffle window mixes; a mixture's stores share them
     # Chunks whose bytes are read ahead of the reader, in large sequential requests
-    # (packer.reading.readahead); 0: none. None: for a store larger than the memory available,
-    # which the page cache cannot serve, the next window (readahead.auto_depth); 0 for one it
-    # can (reading ahead would only add a copy to epochs read from memory: 1.1-1.7x their time).
+    # (packer.reading.readahead); 0: none. None: the next window (readahead.auto_depth) for a
+    # store larger than the memory available, or for one that fits but is mostly not in
+    # memory this epoch (a cold first epoch); 0 for one the page cache holds (reading ahead
+    # would only add a copy to epochs read from memory: 1.1-1.7x their time).
     read_ahead: int | None = None
     prefetch: int = 4
     # At an epoch's end, go on prefetching the next one, so it starts without a wait.

@@ -59,8 +59,8 @@ __all__ = ["Producer", "Source", "EPOCH_END"]
 
 _STOP_POLL_S = 0.1  # how often a wait for a batch part looks at stop
 # A store that fits in memory is read ahead when at least this share of it is not there:
-# from the disk, reading ahead is what keeps the decode threads busy (a decoded cold epoch
-# took 0.75x the time with it), from memory it only adds a copy (1.15x).
+# from the disk, reading ahead is what keeps the decode threads busy while a window is read;
+# from memory, it only adds a copy. About where the two costs cross.
 _MOSTLY_NOT_IN_MEMORY = 0.25
 EPOCH_END = object()  # what a producer sends between one epoch's batches and the next's
 

@@ -52,6 +52,7 @@ _OPEN_FILES = 16
 MIN_DEPTH = 2  # chunks: two keep a disk busy while one is taken
 # POSIX with the kernel's advice (Linux, the BSDs); elsewhere the reader reads as it did.
 SUPPORTED = hasattr(os, "preadv") and hasattr(os, "posix_fadvise")
+_PROBES = random.Random()  # where share_not_in_memory looks; not the user's random state
 
 
 class ReadAhead:
@@ -208,7 +209,7 @@ def share_not_in_memory(files: Sequence[Path], samples: int = 32) -> float | Non
         return None
     missing = 0
     byte = bytearray(1)
-    positions = [(k + random.random()) * total / samples for k in range(samples)]
+    positions = [(k + _PROBES.random()) * total / samples for k in range(samples)]
     start = 0
     for file, size in zip(files, sizes, strict=True):
         mine = [int(at) - start for at in positions if start <= at < start + size]
