@@ -19,6 +19,7 @@ from conftest import held_by_a_thread, run_in_child, write_image
 
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError
+from packer.inspect.look import drop_cached
 from packer.reading import produce, readahead
 from packer.reading.epoch import chunk_spans
 from packer.reading.lanes import Layout
@@ -415,19 +416,9 @@ def test_by_default_the_next_window_is_read_ahead_as_memory_allows(
     assert depths and set(depths) == {depth}  # the epoch, and the next one prefetched
 
 
-def _drop_from_memory(files: list[Path]) -> None:
-    """Ask the kernel to let go of ``files``' pages (clean ones go at once where it can)."""
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _out_of_memory_or_skip(files: list[Path]) -> None:
-    _drop_from_memory(files)
+    """``files`` (written and synced) dropped from the page cache, or the test skipped."""
+    drop_cached(files)
     share = readahead.share_not_in_memory(files)
     if share is None:
         pytest.skip("this system cannot tell which pages are in memory (no RWF_NOWAIT)")
@@ -438,7 +429,9 @@ def _out_of_memory_or_skip(files: list[Path]) -> None:
 def test_share_not_in_memory_tells_pages_read_from_pages_dropped(tmp_path: Path) -> None:
     files = [tmp_path / "a.bin", tmp_path / "b.bin"]
     for i, file in enumerate(files):
-        file.write_bytes(os.urandom((i + 1) << 20))
+        with file.open("wb") as f:
+            f.write(os.urandom((i + 1) << 20))
+            os.fsync(f.fileno())  # dirty pages would stay in memory
     _out_of_memory_or_skip(files)
     files[1].read_bytes()  # two thirds of the bytes, back in memory
     assert readahead.share_not_in_memory(files) == pytest.approx(1 / 3, abs=0.1)
