@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-# The one place the version is written: the build reads it (pyproject.toml), pack records it in
-# every manifest, `packer --version` prints it. CHANGELOG.md says what each one changed.
-__version__ = "0.1.0"
-
-# Imported after __version__, which pack.py records in every manifest.
-from packer.errors import PackerError  # noqa: E402
-from packer.packing.options import PackOptions  # noqa: E402
-from packer.packing.pipeline import PackResult, pack  # noqa: E402
-from packer.reading.reader import Reader, open_reader  # noqa: E402
-from packer.store.access import Store, open_store  # noqa: E402
-from packer.store.manifest import Manifest, read_manifest  # noqa: E402
+from packer.about import __version__
+from packer.errors import PackerError
+from packer.packing.options import PackOptions
+from packer.packing.pipeline import PackResult, pack
+from packer.reading.reader import Reader, open_reader
+from packer.store.access import Store, open_store
+from packer.store.manifest import Manifest, read_manifest
 
 __all__ = [
     "__version__",

@@ -1,11 +1,15 @@
-"""What this packer is called where it is installed from, and the hint that tells a user what to
-install."""
+"""What this packer is: its version, what it is called where it is installed from, and the hint
+that tells a user what to install."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
-__all__ = ["DISTRIBUTION", "install_hint", "require_torch"]
+__all__ = ["__version__", "DISTRIBUTION", "install_hint", "require_torch"]
+
+# The one place the version is written: the build reads it (pyproject.toml), pack records it in
+# every manifest, `packer --version` prints it. CHANGELOG.md says what each one changed.
+__version__ = "0.1.0"
 
 # The name on the package index: `packer` there is an unrelated project from 2013. The import
 # name and the command stay `packer`; pyproject.toml's [project] name must match (tested).

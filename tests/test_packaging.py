@@ -41,7 +41,7 @@ def test_one_version_and_the_distribution_name_in_one_place_each() -> None:
     assert DISTRIBUTION in importlib.metadata.packages_distributions()["packer"]
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.findall(r'^name = "(.*)"$', pyproject, re.M) == [DISTRIBUTION]
-    assert 'version = { attr = "packer.__version__" }' in pyproject  # read, not written again
+    assert 'version = { attr = "packer.about.__version__" }' in pyproject  # read, not written again
     assert not re.search(r'^version = "', pyproject, re.M)
 
 

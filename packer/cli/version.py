@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from packer import __version__
-from packer.about import DISTRIBUTION
+from packer.about import DISTRIBUTION, __version__
 from packer.imaging import jpeg_turbo
 from packer.store.manifest import FORMAT_VERSION, OLDEST_FORMAT_VERSION
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from packer import __version__
+from packer.about import __version__
 from packer.arguments import parse_size
 from packer.errors import (
     CorruptRecordError,

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from packer import __version__
+from packer.about import __version__
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError, StoreError
 from packer.imaging import decode as imaging
 from packer.imaging import headers
