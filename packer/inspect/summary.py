@@ -15,15 +15,20 @@ __all__ = ["StoreSummary", "describe_store"]
 
 @dataclass
 class StoreSummary:
+    """What ``describe_store`` found: the store's manifest, and each shard file that is
+    missing or of the wrong size, one line each, in ``problems``."""
+
     path: Path
     manifest: Manifest
     problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
+        """Every shard file is there, at its size."""
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
+        """The summary ``packer inspect --json`` prints."""
         return {
             "path": str(self.path),
             "ok": self.ok,

@@ -41,6 +41,9 @@ _EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}
 
 @dataclass
 class UnpackResult:
+    """What ``unpack_store`` wrote: ``files`` files of ``bytes`` bytes in all under ``outdir``,
+    laid out by ``layout``."""
+
     outdir: Path
     layout: str
     files: int
@@ -48,6 +51,7 @@ class UnpackResult:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
+        """The summary ``packer unpack --json`` prints."""
         return {
             "outdir": str(self.outdir),
             "layout": self.layout,

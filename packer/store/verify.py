@@ -75,9 +75,11 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Nothing at all was found wrong."""
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
+        """The report ``packer inspect --verify --json`` prints."""
         return {
             "store": str(self.store),
             "ok": self.ok,
