@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Reinstalled when pyproject.toml or the version (packer/__init__.py) changes: the installed
+# Reinstalled when pyproject.toml or the version (packer/about.py) changes: the installed
 # metadata carries the version.
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml packer/__init__.py | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml packer/about.py | cksum | cut -d' ' -f1)
 # torch is an optional extra; the tests use it (DataLoader workers), so `make test` installs
 # the CPU build. 2.13.0 is pinned because this project's machines carry that wheel.
 TORCH ?= torch==2.13.0
@@ -15,7 +15,7 @@ install: $(STAMP)
 
 # `packer` was this project's distribution name before packer-image-shards: a .venv made then
 # would hold both, the old one's metadata still claiming the package, so it goes first.
-$(STAMP): pyproject.toml packer/__init__.py
+$(STAMP): pyproject.toml packer/about.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip uninstall --quiet --yes packer 2>/dev/null || true
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
@@ -43,6 +43,7 @@ test-slow: install install-torch
 
 lint: install
 	$(BIN)/ruff check packer tests scripts benchmarks
+	$(BIN)/ruff format --check packer tests scripts benchmarks
 	$(BIN)/mypy packer
 
 fmt: install
