@@ -36,7 +36,7 @@ demo: install
 	$(BIN)/python scripts/demo_compare.py demo/images demo/demo.lmdb demo/demo.h5
 
 test: install install-torch
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-slow: install install-torch
 	$(BIN)/python -m pytest -q -m slow -o addopts=""
