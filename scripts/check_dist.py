@@ -26,6 +26,7 @@ PACKAGE = sorted(
 SDIST_EXTRA = ["CHANGELOG.md", "LICENSE", "README.md", "pyproject.toml", "docs/install.md"]
 SDIST_EXTRA += [
     "tests/conftest.py",
+    "tests/helpers.py",
     "scripts/smoke_installed.py",
     "mkdocs.yml",
     "benchmarks/reporting.py",

@@ -16,7 +16,7 @@ from typing import Any
 import lmdb
 import msgpack
 import numpy as np
-from conftest import rewrite_manifest, shard_checksum
+from helpers import rewrite_manifest, shard_checksum
 
 from packer import open_store
 from packer.store.lmdb_store import (

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import (
+from helpers import (
     assert_one_line_error,
     packer_command,
     rewrite_manifest,

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import image_bytes, store_path, write_image
+from helpers import image_bytes, store_path, write_image
 from PIL import Image
 
 from packer.cli import cli

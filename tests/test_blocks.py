@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import held_by_a_thread, run_in_child, write_image
 from format4 import as_format4
+from helpers import held_by_a_thread, run_in_child, write_image
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.cli import cli

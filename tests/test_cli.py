@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import write_image
+from helpers import write_image
 
 from packer.cli import cli
 from packer.cli.terminal import ProgressLine

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import corpus_dir, store_path
+from helpers import corpus_dir, store_path
 from PIL import Image, ImageOps
 
 from packer.packing.options import PackOptions

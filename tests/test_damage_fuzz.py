@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import write_image
 from damage_fuzz import make_cases, run_cases, summary, verdict
+from helpers import write_image
 
 from packer import PackOptions, pack
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import child_pids, process_alive, store_path, write_image
+from helpers import child_pids, process_alive, store_path, write_image
 
 from packer import PackOptions, open_reader, pack
 from packer.errors import CorruptRecordError, UsageError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shard_checksum
+from helpers import shard_checksum
 
 from packer.errors import IncompleteStoreError, ManifestError
 from packer.store.manifest import (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import corpus_dir, encoded, image_bytes
+from helpers import corpus_dir, encoded, image_bytes
 from PIL import Image, PngImagePlugin
 
 from packer.imaging import decode as imaging

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import EXIF_DISPLAY, store_path
+from helpers import EXIF_DISPLAY, store_path
 from PIL import Image, ImageCms, ImageOps
 
 from packer.packing.options import PackOptions

@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 import tables
 from click.testing import CliRunner
-from conftest import rewrite_manifest, shard_checksum, write_image
 from format4 import as_format4
+from helpers import rewrite_manifest, shard_checksum, write_image
 
 import packer
 from packer import PackOptions, open_reader, open_store, pack

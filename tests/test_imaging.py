@@ -7,7 +7,7 @@ from functools import partial
 
 import numpy as np
 import pytest
-from conftest import EXIF_DISPLAY, image_bytes
+from helpers import EXIF_DISPLAY, image_bytes
 from PIL import Image
 
 from packer.imaging import decode as imaging

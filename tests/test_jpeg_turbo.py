@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import EXIF_DISPLAY, corpus_dir
+from helpers import EXIF_DISPLAY, corpus_dir
 from PIL import Image
 
 from packer.imaging import decode as imaging

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import child_pids, process_alive, write_image
+from helpers import child_pids, process_alive, write_image
 
 from packer import PackOptions, pack
 from packer.store.manifest import read_manifest

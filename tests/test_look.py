@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import store_path, write_image
+from helpers import store_path, write_image
 from PIL import Image, ImageDraw, ImageFont
 
 from packer import PackOptions, open_reader, open_store, pack

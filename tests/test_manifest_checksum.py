@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import assert_one_line_error, packer_command, write_image
+from helpers import assert_one_line_error, packer_command, write_image
 
 from packer import PackOptions, pack
 from packer.cli import cli

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_image
+from helpers import write_image
 from PIL import Image
 
 from packer import PackOptions, open_reader, open_store, pack

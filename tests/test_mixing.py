@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import write_image
+from helpers import write_image
 
 from packer import PackOptions, open_reader, open_store, pack
 from packer.cli.commands import cli

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, packer_command, write_image
+from helpers import assert_one_line_error, packer_command, write_image
 
 from packer import PackOptions, pack
 from packer.arguments import WORKERS_PER_CORE, default_workers

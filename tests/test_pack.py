@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import encoded, shard_checksum, store_path, write_image
+from helpers import encoded, shard_checksum, store_path, write_image
 from PIL import Image, ImageOps
 
 from packer import PackOptions, pack, read_manifest

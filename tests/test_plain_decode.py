@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import corpus_dir, encoded
+from helpers import corpus_dir, encoded
 from PIL import Image
 
 from packer.imaging import decode as imaging

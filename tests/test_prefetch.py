@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_in_child
+from helpers import run_in_child
 
 try:
     prefetch = importlib.import_module("packer.prefetch")

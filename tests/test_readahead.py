@@ -15,7 +15,7 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from conftest import held_by_a_thread, run_in_child, write_image
+from helpers import held_by_a_thread, run_in_child, write_image
 
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import pack_three_ways, store_path, write_image
+from helpers import pack_three_ways, store_path, write_image
 
 from packer import PackOptions, open_reader, open_store, pack
 from packer.errors import CorruptRecordError, StoreError, UsageError

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import store_path, write_image
+from helpers import store_path, write_image
 
 from packer import PackOptions, pack, read_manifest
 from packer.errors import IncompleteStoreError, PackInterrupted, ResumeError

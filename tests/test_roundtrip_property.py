@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_image
+from helpers import write_image
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

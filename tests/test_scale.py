@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import store_path
+from helpers import store_path
 from PIL import Image
 
 from packer import PackOptions, open_reader, pack

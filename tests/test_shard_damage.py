@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import rewrite_as_legacy_hdf5, shard_checksum, write_image
+from helpers import rewrite_as_legacy_hdf5, shard_checksum, write_image
 
 from packer import PackOptions, pack
 from packer.store.hdf5_store import checksummed_metadata

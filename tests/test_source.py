@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import write_image
+from helpers import write_image
 
 from packer.errors import EmptySourceError, LabelsError, SourceError
 from packer.packing.source import load_source

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from conftest import pack_three_ways, rewrite_lmdb_record, rewrite_manifest, write_image
+from helpers import pack_three_ways, rewrite_lmdb_record, rewrite_manifest, write_image
 
 from packer import open_reader, open_store
 from packer.errors import CorruptRecordError, StoreError

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import write_image
+from helpers import write_image
 
 from packer import PackOptions, open_reader, open_store, pack
 

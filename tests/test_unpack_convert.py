@@ -11,7 +11,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
-from conftest import image_bytes, rewrite_lmdb_record, shard_checksum, store_path, write_image
+from helpers import image_bytes, rewrite_lmdb_record, shard_checksum, store_path, write_image
 from PIL import Image
 
 from packer import PackOptions, open_reader, pack, read_manifest

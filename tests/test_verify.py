@@ -16,8 +16,8 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from conftest import encoded, packer_command, shard_checksum, store_path, write_image
 from format4 import as_format4
+from helpers import encoded, packer_command, shard_checksum, store_path, write_image
 from PIL import Image
 
 from packer import PackOptions, open_store, pack
