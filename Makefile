@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml packer/about.py | cksum |
 # the CPU build. 2.13.0 is pinned because this project's machines carry that wheel.
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-torch demo test test-slow lint fmt docs bench bench-components dist smoke clean
+.PHONY: install install-torch demo test test-plain test-slow lint fmt docs bench bench-components dist smoke clean
 
 install: $(STAMP)
 
@@ -37,6 +37,13 @@ demo: install
 
 test: install install-torch
 	$(BIN)/python -m pytest -q --durations=15
+
+# The decode, checksum, pack and read tests again with simplejpeg and ISA-L unimportable, as
+# where they have no wheels: packer's Pillow and zlib paths, to the same pixels and checksums.
+PLAIN_TESTS := tests/test_reader.py tests/test_pack.py tests/test_imaging.py tests/test_jpeg_turbo.py \
+	tests/test_plain_decode.py tests/test_row_checks.py tests/test_verify.py tests/test_augment.py
+test-plain: install install-torch
+	$(BIN)/python -m pytest -q -p tests.without_accelerators $(PLAIN_TESTS)
 
 test-slow: install install-torch
 	$(BIN)/python -m pytest -q -m slow -o addopts=""

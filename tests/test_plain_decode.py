@@ -106,7 +106,8 @@ def test_every_corpus_file_it_decodes_is_pillows() -> None:
                 continue
             decoded += 1
             np.testing.assert_array_equal(pixels, _pillow(data, mode), err_msg=str(path))
-    assert decoded > 0
+    # The corpus files this path decodes are JPEGs, which it takes only with libjpeg-turbo.
+    assert decoded > 0 or not TURBO
 
 
 def test_pixel_limit_is_kept(tmp_path: Path) -> None:
