@@ -9,6 +9,7 @@ from packer.inspect.summary import StoreSummary, describe_store
 from packer.inspect.unpack import UnpackResult, unpack_store
 from packer.packing.options import PackOptions
 from packer.packing.pipeline import PackResult, pack
+from packer.reading.options import ReaderOptions
 from packer.reading.reader import Reader, open_reader
 from packer.store.access import Store, open_store
 from packer.store.manifest import Manifest, read_manifest
@@ -20,6 +21,7 @@ __all__ = [
     "PackOptions",
     "PackResult",
     "open_reader",
+    "ReaderOptions",
     "Reader",
     "open_store",
     "Store",

@@ -132,3 +132,12 @@ def test_every_pip_install_of_packer_names_its_distribution() -> None:
     assert re.search(
         r"pip install (--upgrade )?['\"]?packer(?![\w-])", "pip install 'packer[torch]'"
     )
+
+
+def test_reader_options_docstring_names_every_option() -> None:
+    """help(packer.ReaderOptions) is where a notebook user finds the reader's options: its
+    Attributes section names each field once, in order, and nothing else."""
+    doc = inspect.getdoc(ReaderOptions) or ""
+    attributes = doc.split("Attributes:", 1)[1]
+    named = re.findall(r"^    (\w+): ", attributes, re.M)
+    assert named == [f.name for f in dataclasses.fields(ReaderOptions)]

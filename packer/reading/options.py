@@ -23,23 +23,62 @@ _CHUNK_BYTES = 32 << 20  # default chunk: about this many payload bytes per sequ
 
 @dataclass(frozen=True)
 class ReaderOptions:
+    """Every option of a reader: ``open_reader(path, batch_size=..., **options)`` makes one,
+    checked once. docs/reading.md says more of each.
+
+    Attributes:
+        batch_size: records per batch.
+        shuffle: read in a seeded order (False: store order).
+        seed: the epoch order is a pure function of (seed, epoch, rank, world size).
+        chunk_size: records read in one sequential pass; None: about 32 MB of payload, and
+            at least 64 chunks.
+        buffer_chunks: chunks a shuffle window mixes; a mixture's stores share them.
+        read_ahead: chunks whose bytes a thread reads ahead of the reader in large
+            sequential requests (packer.reading.readahead); 0: none. None: the next window
+            for a store larger than the memory available, or for one that fits but is
+            mostly not in memory this epoch (a cold first epoch); none for one the page
+            cache holds, where reading ahead would only add a copy.
+        prefetch: finished batches kept ready.
+        across_epochs: at an epoch's end, go on with the next one, so it starts at once.
+        workers: decode threads or processes; None: all cores.
+        decode_in: "threads" or "processes"; None: processes for a store of small images
+            (its manifest's mean size, see packer.reading.decode_procs), threads otherwise
+            and inside DataLoader workers.
+        decode: False: the stored payloads as they are, not decoded.
+        transform: run on each decoded HWC image, in the decode pool.
+        collate: makes a batch of its images; None: one N×H×W×C array where they share a
+            shape, else a list.
+        drop_last: leave out a short last batch.
+        rank: this process's rank; None: torch.distributed's, else $RANK, else 0.
+        world_size: ranks in the job; None: as for ``rank``, else 1.
+        remainder: records that do not divide among ranks: "drop", "pad" or "uneven".
+        on_error: a damaged record "raise"s CorruptRecordError, or is "skip"ped and counted.
+        verify: check every record's CRC-32.
+        mode: colour mode to decode to, "RGB", "L" or "keep"; None: the store's own.
+        size: resize every image to (height, width) as it is decoded (JPEGs at a reduced
+            scale first, then packer.imaging.resizing).
+        fit: how ``size`` fits an image of another shape: "crop", "pad" or "stretch".
+        augment: steps from packer.augment (RandomResizedCrop, RandomHorizontalFlip, Resize,
+            CenterCrop), run as each image is decoded, their draws keyed by (seed, epoch,
+            record).
+        output: "numpy" or "torch".
+        pin_memory: torch batches in pinned memory.
+        device: copy each torch batch there ("cuda") on a side stream, ahead of its step.
+        with_paths: batches are (images, labels, paths).
+        images: a plain HDF5 file: the image array's path, where it is not clear.
+        labels: a plain HDF5 file: the label array's path.
+        worker: (id, count) inside a DataLoader: set by TorchDataset, not by hand.
+    """
+
     batch_size: int
     shuffle: bool = True
     seed: int = 0
-    chunk_size: int | None = None  # None: about 32 MB of payload, and at least 64 chunks
-    buffer_chunks: int = 8  # chunks a shuffle window mixes; a mixture's stores share them
-    # Chunks whose bytes are read ahead of the reader, in large sequential requests
-    # (packer.reading.readahead); 0: none. None: the next window (readahead.auto_depth) for a
-    # store larger than the memory available, or for one that fits but is mostly not in
-    # memory this epoch (a cold first epoch); 0 for one the page cache holds (reading ahead
-    # would only add a copy to epochs read from memory: 1.1-1.7x their time).
+    chunk_size: int | None = None
+    buffer_chunks: int = 8
     read_ahead: int | None = None
     prefetch: int = 4
-    # At an epoch's end, go on prefetching the next one, so it starts without a wait.
     across_epochs: bool = True
-    workers: int | None = None  # decode threads or processes; None: all cores
-    # "threads", "processes" or None: processes for a store of small images (its manifest's
-    # mean size; see packer.reading.decode_procs), threads otherwise and in DataLoader workers.
+    workers: int | None = None
     decode_in: str | None = None
     decode: bool = True
     transform: Callable[[Any], Any] | None = None
@@ -47,24 +86,20 @@ class ReaderOptions:
     drop_last: bool = False
     rank: int | None = None
     world_size: int | None = None
-    remainder: str = "drop"  # when records don't divide among ranks: drop / pad / uneven
+    remainder: str = "drop"
     on_error: str = "raise"
     verify: bool = True
-    mode: str | None = None  # colour mode to decode to; None: the store's own
-    # Resize every image to (height, width) as it is decoded (JPEGs at a reduced scale
-    # first, then packer.imaging.resizing), ``fit`` as for packing: "crop", "pad" or "stretch".
+    mode: str | None = None
     size: tuple[int, int] | None = None
     fit: str = "crop"
-    # Steps from packer.augment (RandomResizedCrop, RandomHorizontalFlip, Resize,
-    # CenterCrop), run as each image is decoded, their draws keyed by (seed, epoch, record).
     augment: tuple[Any, ...] | None = None
-    output: str = "numpy"  # or "torch"
+    output: str = "numpy"
     pin_memory: bool = False
     device: str | None = None
     with_paths: bool = False
-    images: str | None = None  # a plain HDF5 file: the image array's path, where not clear
-    labels: str | None = None  # ... and the label array's
-    worker: tuple[int, int] | None = None  # (id, count) inside a DataLoader; set by packer.torch
+    images: str | None = None
+    labels: str | None = None
+    worker: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         positive = ("batch_size", "buffer_chunks", "prefetch", "chunk_size", "workers")

@@ -78,8 +78,8 @@ def open_reader(
     in its share of every batch: ``weights`` (one per store; None: in proportion to their
     sizes) and ``epoch_size`` (records per epoch; None: until the store scarcest for its
     weight has given each record once). A mixture's batches are (images, labels, sources),
-    ``sources`` the index of each record's store. See ``ReaderOptions`` and
-    docs/reading.md for every option.
+    ``sources`` the index of each record's store. ``options``: every other keyword is a
+    field of ``ReaderOptions`` (``help(packer.ReaderOptions)`` lists them all).
     """
     return Reader(
         path,
