@@ -2,8 +2,8 @@
 
 Pillow decodes a JPEG into its own four-bytes-per-pixel storage, and getting an array out
 of that (``Image.tobytes``) copies every pixel twice with the GIL held. simplejpeg decodes
-into the array itself, with the GIL released throughout: about 1.6x Pillow's rate on one
-thread and on two (docs/benchmarks/components/decode-pool.md). It is the same
+into the array itself, with the GIL released throughout: faster than Pillow on one thread
+and more so on two (docs/benchmarks/components/decode-pool.md). It is the same
 libjpeg-turbo with the same default DCT and upsampling, so the pixels are Pillow's, byte
 for byte (tests/test_jpeg_turbo.py).
 

@@ -1,15 +1,14 @@
 """Shrink or fit a height x width x channels uint8 array: OpenCV's SIMD resize, then a crop or
 pad in NumPy.
 
-Pillow's resize is a plain C convolution: shrinking a 360x355 photo to 224x224 took it 0.90 ms
-(bilinear) and 1.41 ms (bicubic) on this project's machine, three times the libjpeg-turbo
-decode of the same photo, and most of the cost of reading original files at a fixed size.
-OpenCV's bilinear takes 0.12 ms (timed by hand; the README's reading benchmarks show the
-effect on the reader). Its bilinear does not widen its filter when shrinking, so below a scale
-of 1/2 a box average by a whole factor comes first (see ``_scaled``). JPEGs reach
-this step already reduced by a power of two in the decoder (``imaging.decode_resized``), so
-the common case is a scale between 1/2 and 1. Images with alpha (``mode="keep"``) are scaled
-with their colour weighted by alpha, as Pillow scales them.
+Pillow's resize is a plain C convolution: shrinking a photo to 224x224 took it longer than
+libjpeg-turbo took to decode the photo, most of the cost of reading original files at a fixed
+size; OpenCV's SIMD bilinear takes a fraction of that (benchmarks/bench_resize.py). Its
+bilinear does not widen its filter when shrinking, so below a scale of 1/2 a box average by
+a whole factor comes first (see ``_scaled``). JPEGs reach this step already reduced by a
+power of two in the decoder (``imaging.decode_resized``), so the common case is a scale
+between 1/2 and 1. Images with alpha (``mode="keep"``) are scaled with their colour weighted
+by alpha, as Pillow scales them.
 """
 
 from __future__ import annotations
@@ -28,12 +27,12 @@ FITS = ("crop", "pad", "stretch")
 
 @functools.cache
 def _cv2() -> ModuleType:
-    import cv2  # 76 ms: on first use, not in every `packer` command
+    import cv2  # slow to import: on first use, not in every `packer` command
 
     # One thread per call: packer's callers already resize on every core (the reader's
-    # decode threads, the pack's processes), and OpenCV's own pool threads spin between calls:
-    # with them, the reader's augmented epochs took 1.30 ms of CPU per image, 1.11 without
-    # (2 decode threads, 2 cores). Process-wide, as OpenCV's setting is.
+    # decode threads, the pack's processes), and OpenCV's own pool threads spin between calls,
+    # costing CPU that decoding needs (benchmarks/bench_augment.py --cpu shows it).
+    # Process-wide, as OpenCV's setting is.
     cv2.setNumThreads(1)
     return cv2
 
@@ -124,9 +123,10 @@ def _scaled(pixels: np.ndarray, to: tuple[int, int]) -> np.ndarray:
     if weighted:
         pixels = _premultiplied(pixels)
     # Bilinear alone would skip pixels below a scale of 1/2. There, first a box average by a
-    # whole factor (OpenCV's fast case of INTER_AREA; a general INTER_AREA took up to 4x
-    # longer): every pixel counts, and what is left is at most a halving. The < factor pixels
-    # that do not fill a box are cut from the edges, evenly.
+    # whole factor (OpenCV's fast case of INTER_AREA, where a general INTER_AREA is several
+    # times slower; benchmarks/bench_resize.py): every pixel counts, and what is left is at
+    # most a halving. The < factor pixels that do not fill a box are cut from the edges,
+    # evenly.
     x, y = max(1, width // to[0]), max(1, height // to[1])
     if x > 1 or y > 1:
         top, left = height % y // 2, width % x // 2
@@ -158,8 +158,8 @@ def sample_box(
 
 
 def mirrored(pixels: np.ndarray) -> np.ndarray:
-    """A new contiguous array of ``pixels`` mirrored left to right: OpenCV's flip, 25 us for
-    224 x 224 x 3 where NumPy's copy of the reversed view took 440 us (3-byte strides)."""
+    """A new contiguous array of ``pixels`` mirrored left to right: OpenCV's flip, many times
+    faster than NumPy's copy of the reversed view, whose strides are 3 bytes."""
     channels = pixels.shape[2]
     if channels > 4:
         return np.ascontiguousarray(pixels[:, ::-1])

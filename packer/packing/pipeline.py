@@ -563,11 +563,11 @@ class _PoolOnDemand:
 def _start_pool(options: PackOptions) -> ProcessPoolExecutor:
     """The worker pool, its processes started now, before this pack opens a shard or a thread.
 
-    fork starts workers in milliseconds (forkserver takes ~0.5 s) and is safe at this point:
-    workers only run Pillow and never touch the parent's handles. If the calling program has
-    threads of its own, a fork could copy a lock one of them holds, so forkserver is used.
-    Forked workers inherit Pillow's plugins, imported here once: otherwise every worker
-    imported them all on its first file, ~30 ms of CPU each at the start of every pack.
+    fork starts workers in milliseconds (forkserver in a good part of a second) and is safe at
+    this point: workers only run Pillow and never touch the parent's handles. If the calling
+    program has threads of its own, a fork could copy a lock one of them holds, so forkserver
+    is used. Forked workers inherit Pillow's plugins, imported here once: otherwise each
+    worker imported them all on its first file, at the start of every pack.
     """
     methods = multiprocessing.get_all_start_methods()
     if "fork" in methods and threading.active_count() == 1:
@@ -592,8 +592,9 @@ def _prepared_in_order(
     """Results for ``items``' files in order, one list per task, from the pool, through a
     bounded window of tasks whose files are announced to the kernel."""
     workers = options.num_workers
-    # A header probe takes ~35 us, a decode milliseconds: probes go in bigger tasks, so that
-    # pool round trips do not outweigh them; decodes in small ones, which balance the workers.
+    # A header probe is tens of microseconds, a decode milliseconds: probes go in bigger
+    # tasks, so that pool round trips do not outweigh them; decodes in small ones, which
+    # balance the workers.
     cap = 128 if options.probes_only else 32
     task_size = max(1, min(cap, len(items) // (workers * 8)))
     window = workers * 4
@@ -624,8 +625,8 @@ def _prepared_in_order(
 
 # Source bytes announced ahead at most: a window of tasks of large files (8 tasks of 128
 # files here) could otherwise ask the kernel for more than memory holds, and have it evict
-# the first files before they are read. A cold header pack of the bench's 216 MB took
-# 0.49 s with 64 MB, 0.41 s with 128, 0.39 s with 256 or no bound (best of 6, by hand).
+# the first files before they are read. Less than this left cold header packs waiting on the
+# disk; more gained little (benchmarks/bench_pack.py, cold).
 _HINT_BYTES = 128 << 20
 
 

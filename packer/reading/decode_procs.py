@@ -46,9 +46,9 @@ __all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "ProcessDecoder", "merge_parts
 
 DECODE_IN = ("threads", "processes")
 # Images of at most this many pixels on average (the store's own statistics) decode in
-# processes by default. benchmarks/bench_small_images.py, reader alone: processes 1.0-1.1x the
-# threads at 32x32 and 64x64, and half their rate at 400x350, where copying the decoded
-# batch back from the workers costs more than the GIL does.
+# processes by default: small images are mostly Python work that holds the GIL, and larger
+# ones cost more to copy back from the workers than the GIL costs threads
+# (benchmarks/bench_small_images.py measures both).
 SMALL_PIXELS = 128 * 128
 
 

@@ -242,7 +242,7 @@ def auto_depth(window_chunks: int, chunk_bytes: float, memory: int, reserved: fl
 
     Two chunks keep the disk busy while raw records are read, but decoding a window takes as
     long as reading one: with two, the rest of each window was read while the decode threads
-    waited (decoded epochs at 0.6-0.7x of what the disk and the cores allowed)."""
+    waited (benchmarks/bench_storage.py, decoded epochs)."""
     fits = int(max(0.0, (memory - reserved) / 2) // max(chunk_bytes, 1.0))
     return max(MIN_DEPTH, min(window_chunks, fits))
 

@@ -57,16 +57,15 @@ __all__ = [
     "is_disk_full",
 ]
 
-# HDF5 chunk of the payload dataset: 16 MiB reads fastest (2.4x a vlen dataset, and on par
-# with a contiguous one; benchmarks/bench_hdf5_layout.py), smaller for a small shard, whose last
-# chunk would otherwise be mostly empty space.
+# HDF5 chunk of the payload dataset: 16 MiB reads fastest (faster than a vlen dataset, and on
+# par with a contiguous one; benchmarks/bench_hdf5_layout.py), smaller for a small shard,
+# whose last chunk would otherwise be mostly empty space.
 _MAX_CHUNK_BYTES = 16 << 20
 _MIN_CHUNK_BYTES = 64 << 10
 _SPACE_MARGIN = 8 << 20  # room held beyond the payloads for HDF5's metadata and caches
 _COLUMN_ROWS = 4096  # rows of a small column's chunk (labels, CRC-32s, shapes, paths' offsets)
-# Payload bytes buffered in memory between writes. 16 MB writes made a warm header pack's
-# CPU jump from run to run (0.42-0.77 s, the pack 0.25-0.59 s; four bench runs of four), 2 MB
-# ones did not (0.37-0.47 s, 0.23-0.29 s); 1 and 4 MB were in between.
+# Payload bytes buffered in memory between writes: larger buffers made a warm header pack's
+# CPU time erratic from run to run, this size did not (benchmarks/bench_pack.py).
 _FLUSH_BYTES = 2 << 20
 # Files readable by HDF5 1.10 and later, in the formats whose metadata carries checksums.
 _LIBVER = ("v110", "v110")
@@ -93,7 +92,8 @@ class Hdf5ShardWriter:
         except OSError:
             self.abort()
             raise
-        # fill_time="never": no zero-fill of a chunk before it is written (3x faster writes).
+        # fill_time="never": no zero-fill of a chunk before it is written, which is then
+        # written once, not twice.
         filters = {**_COMPRESSION[meta.compression], "fill_time": "never"}
         expected_bytes = expected_bytes or _MAX_CHUNK_BYTES * 8  # unknown: full-size chunks
         if meta.raw_shape is not None:
@@ -160,8 +160,8 @@ class Hdf5ShardWriter:
         self._room.hold(self._allocated() + len(payloads))
         if self.meta.raw_shape is not None:
             payloads = payloads.reshape(-1, *self.meta.raw_shape)
-        # h5py's own calls: its slicing (resize, then assign) cost ~65 us more a write, ~7 ms
-        # of the 108 writes of 2 MB that a 216 MB pack makes.
+        # HDF5's own calls through h5py's low-level API: its slicing (resize, then assign)
+        # adds Python work to every write.
         dataset, start, stop = self._payloads.id, self._written, self._written + len(payloads)
         with _disk_full_named(self.path):
             dataset.set_extent((stop, *payloads.shape[1:]))
@@ -225,8 +225,8 @@ def _chunk_bytes(expected: int, row_bytes: int) -> int:
     """Bytes of a payload chunk, whole rows: at most _MAX_CHUNK_BYTES, at least
     _MIN_CHUNK_BYTES where the shard holds that much, and dividing the ``expected`` payload
     into whole chunks, so that the last one is full: HDF5 allocates every chunk whole, and
-    an eighth of the payload as a last chunk's empty tail made a store of 64 KB images
-    1.13x their files."""
+    a last chunk's empty tail made a store of 64 KB images much larger than their files
+    (benchmarks/bench_store_size.py)."""
     rows = max(1, -(-expected // row_bytes))
     chunks = max(-(-expected // _MAX_CHUNK_BYTES), min(8, max(1, expected // _MIN_CHUNK_BYTES)))
     return -(-rows // chunks) * row_bytes
@@ -234,10 +234,10 @@ def _chunk_bytes(expected: int, row_bytes: int) -> int:
 
 def _small_column(f: h5py.File, name: str, data: np.ndarray) -> None:
     """One of the small columns, deflated (with HDF5's byte shuffle) in chunks of
-    _COLUMN_ROWS rows: uncompressed, their ~60 bytes a record made a store of 500-byte images
-    1.16x their files. A reader inflates a chunk per column for a lone record, and every
-    chunk once when reading in order (_Spans). An empty one (no records, no label columns)
-    cannot be chunked."""
+    _COLUMN_ROWS rows: uncompressed, their tens of bytes a record made a store of 500-byte
+    images much larger than their files (benchmarks/bench_blocks.py). A reader inflates a
+    chunk per column for a lone record, and every chunk once when reading in order (_Spans).
+    An empty one (no records, no label columns) cannot be chunked."""
     if not data.size:
         f.create_dataset(name, data=data, track_times=False)
         return
@@ -505,8 +505,7 @@ def _check_columns(reader: Hdf5ShardReader, file_bytes: int) -> None:
 def _read_rows(dataset: h5py.Dataset, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
     """``dataset[start:stop]``, into ``out[:stop - start]`` if given, through HDF5's own read:
     h5py's slicing and ``read_direct`` build their selections in Python, which cost more
-    than the pixels of a small chunk (47 raw 64x64 rows, timed by hand: 1.33x the rate this
-    way; see the README's reading benchmarks)."""
+    than the pixels of a small chunk (benchmarks/bench_reader.py, raw reads)."""
     shape = (stop - start, *dataset.shape[1:])
     rows = np.empty(shape, dataset.dtype) if out is None else out[: stop - start]
     if rows.shape != shape:  # HDF5 would write past the buffer's end: h5py checks nothing here

@@ -28,9 +28,9 @@ from packer.store.record import Block, BlockIndex, parse_block
 
 __all__ = ["BlockLayout", "record_key", "block_starts"]
 
-# Records whose parsed headers a process keeps, over all its shards: 110-120 bytes each with
-# 12-character paths (measured), more with longer ones, so 25-40 MB. Parsing was a quarter of
-# reading raw 32x32 pixels; a store of up to this many records is parsed in its first epoch.
+# Records whose parsed headers a process keeps, over all its shards: about a hundred bytes
+# each, more with longer paths, so tens of MB. Parsing is a large part of reading small raw
+# records; a store of up to this many records is parsed in its first epoch only.
 _CACHED_RECORDS = 200_000
 
 

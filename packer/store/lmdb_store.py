@@ -60,11 +60,10 @@ META_KEY = b"__packer__"
 # it, or with values small enough to live in the tree's own pages (which move when a later
 # write copies them), are not read ahead.
 PLACES = "value_places"
-# Write transactions of ~1 MB. A commit costs about the same at any size (~0.2 ms here),
-# but a large one holds its values and LMDB's dirty pages until it ends, and glibc hands
-# that much freed memory back to the OS, so the next batch page-faults all of it afresh:
-# at 64 MB, a --check header pack of 216 MB took about twice as long (by hand), and bare LMDB
-# writes take about twice as long as at 1 MB (docs/benchmarks/components/lmdb-write.md).
+# Write transactions of ~1 MB. A commit costs about the same at any size, but a large one
+# holds its values and LMDB's dirty pages until it ends, and glibc hands that much freed
+# memory back to the OS, so the next batch page-faults all of it afresh: much larger
+# transactions made packs and bare LMDB writes slower (benchmarks/bench_lmdb_write.py).
 _COMMIT_BYTES = 1 << 20
 _COMMIT_RECORDS = 8192
 # Records per column group in the "columns" layout: the writer holds one group's labels,
@@ -75,8 +74,8 @@ _CACHED_GROUPS = 16  # decoded column groups a shard reader keeps (a few MB at m
 # if its open maps are larger than this (see _Environments.count_read): mapped pages then
 # take about this much memory at most, on the scale of a reader's own buffers, whatever the
 # store's size. The price: a store larger than this has its pages mapped again each epoch,
-# minor faults that made 10 epochs of the reader bench's raw 64x64 store (49 MB) take 1.5x
-# as long from the page cache (README, "Memory"); beside decoding they are lost in the noise.
+# minor faults that slow raw epochs read from the page cache (docs/reading.md, "Memory");
+# beside decoding they are lost in the noise.
 _MAPPED_BYTES = 32 << 20
 
 

@@ -62,10 +62,10 @@ _LENGTH = struct.Struct("<I")
 _MAX_META = 1 << 20
 # Payload bytes of a block: records smaller than this share blocks of at most this many
 # bytes, larger ones have a block each. LMDB gives a value whole 4 KB pages, so a block wastes
-# half a page on average: 0.8% of this. Reading a few records of a block reads its header
+# half a page on average, a small share of this. Reading a few records of a block reads its header
 # (tens of KB for the smallest records) and their own pages only.
 BLOCK_BYTES = 256 << 10
-_HEADER_LEVEL = 6  # zlib's default: level 1 left headers 10% larger, 9 took 5x as long
+_HEADER_LEVEL = 6  # zlib's default: lower left headers larger, higher took far longer
 # A block's header inflates to some 60 bytes a record plus its path (at most 4 KB, Linux's
 # PATH_MAX); more is damage, and must not be inflated into memory.
 _MAX_RECORD_HEADER = 64 + 4096
