@@ -1,14 +1,26 @@
-"""Arguments every flow takes: worker counts, seeds, sizes. Checked here, so that the CLI, ``pack``
-and ``open_reader`` refuse the same values with the same words."""
+"""Arguments every flow takes: worker counts, seeds, sizes, progress callbacks. Checked here, so
+that the CLI, ``pack`` and ``open_reader`` refuse the same values with the same words."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from packer.errors import UsageError
 
-__all__ = ["parse_size", "parse_hw", "default_workers", "check_seed", "check_workers"]
+__all__ = [
+    "CountProgress",
+    "parse_size",
+    "parse_hw",
+    "default_workers",
+    "check_seed",
+    "check_workers",
+]
+
+# A progress callback of the commands that go through a store's records: called as
+# ``progress(done, total)``, records done so far of the store's total.
+CountProgress = Callable[[int, int], None]
 
 _UNITS = {
     "": 1,

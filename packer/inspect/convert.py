@@ -3,7 +3,6 @@ payloads, labels, paths, checksums, order and shard boundaries carried across.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from packer.about import __version__
-from packer.arguments import parse_size
+from packer.arguments import CountProgress, parse_size
 from packer.errors import (
     CorruptRecordError,
     UsageError,
@@ -24,8 +23,6 @@ from packer.store.staging import Staging
 
 __all__ = ["convert_store"]
 
-ProgressFn = Callable[[int, int], None]  # (records done, records in the store)
-
 
 def convert_store(
     src: Path | str,
@@ -34,7 +31,7 @@ def convert_store(
     backend: str | None = None,
     overwrite: bool = False,
     shard_size: int | str | None = None,
-    progress: ProgressFn | None = None,
+    progress: CountProgress | None = None,
 ) -> Manifest:
     """Copy the store ``src`` into a new store ``dest`` of another backend (LMDB <-> HDF5), or
     of the same backend with new shards.
@@ -97,7 +94,7 @@ def _copy_shards(
     backend: str,
     folder: Path,
     shard_size: int | None,
-    progress: ProgressFn | None,
+    progress: CountProgress | None,
 ) -> list[ShardInfo]:
     manifest = store.manifest
     storage = _target_storage(store, backend)

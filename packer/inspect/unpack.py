@@ -12,13 +12,13 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from packer.arguments import check_workers, default_workers
+from packer.arguments import CountProgress, check_workers, default_workers
 from packer.errors import (
     PackerError,
     PackInterrupted,
@@ -33,7 +33,6 @@ from packer.store.record import Record
 __all__ = ["LAYOUTS", "UnpackResult", "unpack_store"]
 
 LAYOUTS = ("paths", "classes")
-ProgressFn = Callable[[int, int], None]  # (records done, records in the store)
 
 # The extension a re-encoded payload is written with, by its format; raw pixels become PNG.
 _EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}
@@ -69,7 +68,7 @@ def unpack_store(
     *,
     layout: str = "paths",
     overwrite: bool = False,
-    progress: ProgressFn | None = None,
+    progress: CountProgress | None = None,
     workers: int | None = None,
 ) -> UnpackResult:
     """Write every record of ``store`` back as a file under ``outdir``.

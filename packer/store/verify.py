@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.arguments import check_workers, default_workers
+from packer.arguments import CountProgress, check_workers, default_workers
 from packer.imaging import decode as imaging
 from packer.lifeline import die_with_parent
 from packer.store import ShardReader, open_shard_reader
@@ -121,7 +121,7 @@ def verify_store(
     path: Path | str,
     *,
     decode: bool = True,
-    progress: Callable[[int, int], None] | None = None,
+    progress: CountProgress | None = None,
     max_problems: int = 1000,
     workers: int | None = None,
 ) -> VerifyReport:
