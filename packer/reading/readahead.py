@@ -224,7 +224,7 @@ def share_not_in_memory(files: Sequence[Path], samples: int = 32) -> float | Non
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             for offset in mine:
                 try:
-                    os.preadv(fd, [byte], offset & ~4095, nowait)
+                    os.preadv(fd, [byte], offset, nowait)  # one byte: its page or nothing
                 except BlockingIOError:
                     missing += 1
         except OSError:  # a file system that cannot read without waiting
