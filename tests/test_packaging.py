@@ -43,6 +43,9 @@ def test_one_version_and_the_distribution_name_in_one_place_each() -> None:
     assert re.findall(r'^name = "(.*)"$', pyproject, re.M) == [DISTRIBUTION]
     assert 'version = { attr = "packer.about.__version__" }' in pyproject  # read, not written again
     assert not re.search(r'^version = "', pyproject, re.M)
+    # make reinstalls when the version changes: its install stamp hashes the file it is in
+    stamp = re.findall(r"^STAMP := .*$", (ROOT / "Makefile").read_text(), re.M)
+    assert len(stamp) == 1 and "packer/about.py" in stamp[0]
 
 
 def test_packer_version_says_which_packer_and_what_it_runs_on() -> None:
