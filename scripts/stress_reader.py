@@ -53,12 +53,25 @@ def snapshot() -> dict[str, Any]:
     while _packer_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
     pages = int(Path("/proc/self/statm").read_text().split()[1])
+    fds = _open_files()
     return {
         "threads": threading.active_count(),
         "packer_threads": _packer_threads(),
-        "fds": len(os.listdir("/proc/self/fd")),
+        "fds": len(fds),
+        "open": fds,
         "rss_mb": round(pages * os.sysconf("SC_PAGE_SIZE") / 1e6, 1),
     }
+
+
+def _open_files() -> list[str]:
+    """What each open descriptor of this process is (a file's path, pipe:[n], socket:[n])."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the descriptor listdir itself used, closed since
+            continue
+    return sorted(found)
 
 
 def _packer_threads() -> list[str]:
@@ -180,7 +193,8 @@ def leaks(figures: dict[str, Any], rss_tolerance_mb: float = 16.0) -> list[str]:
             f"threads {before['threads']} -> {after['threads']}: {after['packer_threads']}"
         )
     if after["fds"] > before["fds"]:
-        found.append(f"open descriptors {before['fds']} -> {after['fds']}")
+        opened = sorted((Counter(after["open"]) - Counter(before["open"])).elements())
+        found.append(f"open descriptors {before['fds']} -> {after['fds']}: {', '.join(opened)}")
     if after["rss_mb"] - before["rss_mb"] > rss_tolerance_mb:
         found.append(f"RSS {before['rss_mb']} -> {after['rss_mb']} MB")
     if after["rss_mb"] - halfway["rss_mb"] > rss_tolerance_mb / 2:

@@ -91,16 +91,22 @@ def test_readers_dropped_without_close_release_their_files(
 
 
 def test_the_leak_check_can_fail() -> None:
-    flat = {"threads": 1, "packer_threads": [], "fds": 6, "rss_mb": 80.0}
+    files = ["/dev/null", "/dev/pts/0", "/dev/pts/0", "pipe:[7]", "pipe:[8]", "socket:[9]"]
+    flat = {"threads": 1, "packer_threads": [], "fds": 6, "open": files, "rss_mb": 80.0}
     grown = {
         "threads": 3,
         "packer_threads": ["packer-prefetch"],
         "fds": 9,
+        "open": [*files, "/data/s.lmdb/shard-00000.lmdb", "pipe:[11]", "pipe:[12]"],
         "rss_mb": 120.0,
     }
     assert stress.leaks({"before": flat, "halfway": flat, "after": flat}) == []
     found = stress.leaks({"before": flat, "halfway": flat, "after": grown})
     assert [f.split()[0] for f in found] == ["threads", "open", "RSS", "RSS"]
+    # the report names what was left open
+    assert found[1] == (
+        "open descriptors 6 -> 9: /data/s.lmdb/shard-00000.lmdb, pipe:[11], pipe:[12]"
+    )
 
 
 @pytest.mark.slow
