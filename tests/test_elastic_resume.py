@@ -277,6 +277,8 @@ def test_a_state_of_another_run_or_a_damaged_one_is_refused_in_one_line(
     assert "phase 0" in refused(raw_store, {**state, "phases": [{"world_size": 0}]})
     assert "no 'epoch'" in refused(raw_store, {k: v for k, v in state.items() if k != "epoch"})
     assert "packer 0.1" in refused(raw_store, {"epoch": 1, "batch": 3, "seed": 3})
+    assert "first window of each epoch" in refused(raw_store, {**state, "version": 1})
+    assert "version 9" in refused(raw_store, {**state, "version": 9})
     assert "not list" in refused(raw_store, [1, 2])
 
 

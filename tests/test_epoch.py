@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.reading.epoch import (
+    OPENING_LEAD,
     Span,
     chunk_spans,
+    opening_order,
     share_size,
     shuffled_chunks,
     take_share,
@@ -85,3 +88,32 @@ def test_windows_and_their_order() -> None:
         window_order(60, (0, 0, 0, 1, 0, 1), 1).tolist()
         != window_order(60, (0, 1, 0, 1, 0, 1), 1).tolist()
     )
+
+
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=10),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=200, deadline=None)
+def test_an_opening_window_yields_each_record_once_after_its_span_opens(
+    sizes: list[int], seed: int
+) -> None:
+    order = opening_order(sizes, (seed, 0), 0)
+    assert sorted(order.tolist()) == list(range(sum(sizes)))
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    span_of = [k for k, n in enumerate(sizes) for _ in range(n)]
+    for position, record in enumerate(order.tolist()):
+        assert position >= int(starts[span_of[record]] * OPENING_LEAD)
+    assert opening_order(sizes, (seed, 0), 0).tolist() == order.tolist()
+
+
+def test_an_opening_window_mixes_its_spans_as_it_goes() -> None:
+    """Its first records come from the first span alone; then each span's records spread
+    over more than twice its length, and any later stretch draws from several spans."""
+    order = opening_order([100] * 8, (3, 0), 0)
+    span = order // 100
+    assert set(span[:75].tolist()) == {0}
+    where = np.argsort(order)  # each record's position
+    assert all(np.ptp(where[k * 100 : (k + 1) * 100]) > 200 for k in range(8))
+    assert all(len(set(span[a : a + 100].tolist())) >= 4 for a in range(200, 800, 100))
+    assert order.tolist() != opening_order([100] * 8, (4, 0), 0).tolist()

@@ -145,6 +145,32 @@ def test_the_next_epochs_first_chunks_are_read_as_this_one_ends(
     assert fetches == [spans[0]]
 
 
+@pytest.mark.parametrize("name", ["lmdb-raw", "lmdb", "hdf5-raw"])
+def test_an_epochs_first_window_from_the_disk_opens_as_its_chunks_are_read(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Nothing is read ahead of an epoch's first window: its first batch waits for the
+    window's first chunk, not for all of them (epoch.opening_order)."""
+    taken: list[int] = []
+
+    class Counted(readahead.ReadAhead):
+        def take(self, i: int) -> Fetched | None:
+            taken.append(i)
+            return super().take(i)
+
+    monkeypatch.setattr(produce, "ReadAhead", Counted)
+    options = {"batch_size": 6, "seed": 1, "chunk_size": 9, "buffer_chunks": 4}
+    with open_reader(stores[name], read_ahead=2, decode=False, **options) as reader:
+        lane = reader.planner.lane(0, (), Layout(1, 1, 6, False), 0, 0)
+        assert len(lane.pieces[0][0].spans) == 4
+        # The producer's batches, made in this thread. Raw pixels are finished as gathered;
+        # encoded payloads go to the decode pool, which is kept a few batches ahead.
+        batches = reader._producer.epochs(0, (), threading.Event())
+        next(batches)
+        assert taken == [0] if name.endswith("raw") else len(taken) < 4
+        batches.close()
+
+
 def test_the_next_epochs_chunks_are_read_while_the_last_batches_are_taken(
     stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,7 +8,8 @@ An epoch's order is built in four steps, each a function of its arguments alone:
 3. ``take_share``: the run of that order that belongs to one rank, then to one DataLoader
    worker of that rank: contiguous, disjoint, together covering every record once.
 4. ``windows`` + ``window_order``: the share read ``buffer_chunks`` chunks at a time, and the
-   records of each window yielded in a seeded random order (the shuffle buffer).
+   records of each window yielded in a seeded random order (the shuffle buffer). The first
+   window of a share opens as it is read (``opening_order``): nothing before it is read ahead.
 
 So every record appears exactly once per epoch across ranks and workers, and a resumed
 reader can recompute where it was from a few integers.
@@ -30,12 +31,17 @@ __all__ = [
     "take_share",
     "windows",
     "window_order",
+    "opening_order",
     "share_size",
     "share_bounds",
     "cut",
 ]
 
 REMAINDERS = ("drop", "pad", "uneven")
+# In an opening window, a chunk's records may be yielded from this fraction of the way to
+# where the chunk starts: the reads need stay a third ahead of the yields, and the records
+# drawn from grow to about a third as many as were yielded, plus the newest chunk.
+OPENING_LEAD = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,3 +143,26 @@ def window_order(size: int, stream: Sequence[int], window: int) -> np.ndarray:
     """The order in which a window's ``size`` records are yielded; ``stream`` identifies the
     reader (seed, epoch, rank, world size, worker, workers), ``window`` its position."""
     return np.random.default_rng([*stream, window]).permutation(size)
+
+
+def opening_order(sizes: Sequence[int], stream: Sequence[int], window: int) -> np.ndarray:
+    """The order of a share's first window, whose spans have ``sizes``: a seeded random order
+    in which span k's records come no earlier than ``OPENING_LEAD`` x where span k starts.
+
+    No window is read ahead of the first, so a plain shuffle of it would wait for all of its
+    spans before its first record (seconds, from a disk). Here each stretch of the order draws
+    evenly from the records of the spans read so far that are not yet yielded, so batches
+    come as soon as the first span is read, and mix ever more spans as the window goes on.
+    """
+    rng = np.random.default_rng([*stream, window])
+    starts = np.cumsum([0, *sizes])
+    total = int(starts[-1])
+    opens = [int(start * OPENING_LEAD) for start in starts[:-1]] + [total]
+    pool, out = np.zeros(0, np.int64), []
+    for k in range(len(sizes)):
+        pool = np.concatenate([pool, np.arange(starts[k], starts[k + 1])])
+        drawn = rng.permutation(len(pool))
+        take = opens[k + 1] - opens[k]
+        out.append(pool[drawn[:take]])
+        pool = pool[drawn[take:]]
+    return np.concatenate(out) if out else np.zeros(0, np.int64)

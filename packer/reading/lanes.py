@@ -43,12 +43,15 @@ class Piece:
         return sum(b - a for a, b in self.ranges)
 
     def positions(self) -> np.ndarray:
-        """Where this piece's records are among the window's records as read, in yield order."""
-        size = sum(len(s) for s in self.spans)
+        """Where this piece's records are among the window's records as read, in yield order
+        (a share's first window, whose key ends in 0, opens as it is read)."""
+        sizes = [len(s) for s in self.spans]
         if self.key is None:
-            order = np.arange(size)
+            order = np.arange(sum(sizes))
+        elif self.key[-1] == 0:
+            order = plan.opening_order(sizes, self.key[:-1], 0)
         else:
-            order = plan.window_order(size, self.key[:-1], self.key[-1])
+            order = plan.window_order(sum(sizes), self.key[:-1], self.key[-1])
         return np.concatenate([order[a:b] for a, b in self.ranges] or [np.zeros(0, np.int64)])
 
     def cut(self, begin: int, count: int) -> Piece:

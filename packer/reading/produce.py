@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
@@ -221,7 +221,12 @@ class Producer:
                             for piece in split_window(window, round(split * len(window) / records))
                         ]
                     )
-                    while len(pending) > workers:
+                    # A batch goes once done, or once the pool has enough in hand without
+                    # it: a done batch kept back waits for the next gather, which may be
+                    # waiting for the disk (an epoch's opening window).
+                    while pending and (
+                        len(pending) > workers or all(f.done() for _, f in pending[0])
+                    ):
                         done = [(i, _result(f, stop)) for i, f in pending.popleft()]
                         yield mover(self._joined(done))
                 while pending:
@@ -489,10 +494,9 @@ class _Cursor:
     ) -> None:
         self.store, self.pieces, self.fixed, self.verify = store, pieces, fixed, verify
         self.ahead, self.array = ahead, array
-        self.next_piece = 0
-        self.spans_read = 0  # spans read so far: where the read-ahead stands
         self.window: Ordered | None = None
         self.at = 0
+        self._windows = self._read_windows()
 
     def take(self, n: int, into: np.ndarray | None) -> Window:
         """The next ``n`` records; ``into``: rows of a batch array to gather raw pixels into."""
@@ -521,24 +525,66 @@ class _Cursor:
     def _current(self) -> Ordered:
         """The window the next record is in, read once the last one is used up."""
         while self.window is None or self.at == len(self.window):
-            self._next_window()
+            self.window = None  # one window alive at a time, not two
+            self.window, self.at = next(self._windows), 0
         return self.window
 
-    def _next_window(self) -> None:
-        piece = self.pieces[self.next_piece]
-        self.next_piece += 1
-        self.window = None  # one window alive at a time, not two
-        fetched = partial(_take, self.ahead, self.spans_read) if self.ahead is not None else None
-        self.spans_read += len(piece.spans)
-        window = read_window(self.store, piece.spans, self.fixed, self.array, self.verify, fetched)
-        if isinstance(window.data, np.ndarray):
-            self.array = window.data if window.data.base is None else window.data.base
-        self.window, self.at = Ordered(window, piece.positions()), 0
+    def _read_windows(self) -> Generator[Ordered, None, None]:
+        """The pieces' windows in turn. The first, read from the disk (``ahead``), comes a
+        part at a time as its spans are read: its order lets the first records go as soon
+        as the spans they lie in are read (plan.opening_order)."""
+        first = 0  # spans read so far: where the read-ahead stands
+        for number, piece in enumerate(self.pieces):
+            if number == 0 and self.ahead is not None and len(piece.spans) > 1:
+                yield from self._opening(piece)
+            else:
+                window = self._read(piece.spans, first, self._array(piece.spans))
+                ordered = Ordered(window, piece.positions())
+                del window
+                yield ordered
+                del ordered
+            first += len(piece.spans)
+
+    def _opening(self, piece: Piece) -> Generator[Ordered, None, None]:
+        """``piece``'s window read span by span, each time with the records of its order
+        that lie in the spans read so far, up to the first that does not."""
+        positions = piece.positions()
+        ends = np.cumsum([len(s) for s in piece.spans])
+        # the spans the order has reached by each record: all must be read before it goes
+        reach = np.maximum.accumulate(np.searchsorted(ends, positions, side="right"))
+        array = self._array(piece.spans)
+        parts: list[Window] = []
+        row = done = 0
+        for k, span in enumerate(piece.spans):
+            rows = array[row:] if array is not None else None
+            parts.append(self._read([span], k, rows))
+            row += len(span)
+            ready = int(np.searchsorted(reach, k, side="right"))
+            if ready > done:
+                read = concat(parts, array[:row] if array is not None else None)
+                yield Ordered(read, positions[done:ready])
+                done = ready
+
+    def _array(self, spans: Sequence[plan.Span]) -> np.ndarray | None:
+        """The array raw pixels of one shape are read into: the last window's if it is
+        large enough."""
+        if self.fixed is None:
+            return None
+        total = sum(len(s) for s in spans)
+        if self.array is None or len(self.array) < total:
+            self.array = np.empty((total, *self.fixed), np.uint8)
+        return self.array
+
+    def _read(self, spans: Sequence[plan.Span], first: int, array: np.ndarray | None) -> Window:
+        """``spans`` read into ``array`` (``first``: how many the read-ahead is past)."""
+        fetched = partial(_take, self.ahead, first) if self.ahead is not None else None
+        return read_window(self.store, spans, self.fixed, array, self.verify, fetched)
 
     def close(self) -> np.ndarray | None:
         """The window array, for the next epoch. The read-ahead is left running: it reads
         on into the next epoch, which stops it (Producer._read_ahead)."""
         self.window = None
+        self._windows.close()
         return self.array
 
 

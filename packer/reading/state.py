@@ -1,6 +1,6 @@
 """A reader's saved state: which run it belongs to, and how far that run's epoch has got.
 
-    {"version": 1, "epoch": 3, "records_done": 1920, "phases": [{"world_size": 2, "workers": 1,
+    {"version": 2, "epoch": 3, "records_done": 1920, "phases": [{"world_size": 2, "workers": 1,
      "batch_size": 32, "drop_last": false, "batches": 30}], "seed": 0, "stores": [...], ...}
 
 The run is named by what fixes an epoch's order: each store (name, records, a fingerprint of
@@ -25,7 +25,9 @@ from packer.store.manifest import Manifest
 
 __all__ = ["VERSION", "fingerprint", "run_identity", "to_state", "from_state"]
 
-VERSION = 1
+# 2: each share's first window opens as it is read (epoch.opening_order); a state of version
+# 1 would resume into another order.
+VERSION = 2
 
 
 def fingerprint(manifest: Manifest) -> str:
@@ -105,6 +107,11 @@ def from_state(state: Any, identity: dict[str, Any]) -> tuple[int, tuple[Phase, 
     for key in ("version", "epoch", "records_done", "phases", *identity):
         if key not in state:
             raise StateError(f"state is damaged: it has no {key!r}")
+    if state["version"] == 1:
+        raise StateError(
+            "state saved by an older packer, which ordered the first window of each epoch "
+            "otherwise: its order cannot be resumed exactly"
+        )
     if state["version"] != VERSION:
         raise StateError(f"state has version {state['version']!r}; this packer reads {VERSION}")
     _check_run(state, identity)
