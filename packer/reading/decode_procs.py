@@ -166,15 +166,27 @@ class ProcessDecoder:
     def close(self) -> None:
         """Stop the workers; a task under way is abandoned: its worker is killed, so that a
         slow transform does not hold up a Ctrl-C, and the pool's pipes are closed on return."""
+        pool = self._pool
         # The executor's own processes: before Python 3.14 it has no call that ends them.
-        workers = list((self._pool._processes or {}).values())
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        workers = list((pool._processes or {}).values())
+        # Its manager thread and result queue: the shutdown below forgets both, so a second
+        # shutdown(wait=True) would neither wait for the one nor close the other.
+        manager = cast("threading.Thread | None", pool._executor_manager_thread)  # typeshed errs
+        results = pool._result_queue
+        pool.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + 0.2  # an idle worker ends at once; a busy one is killed
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
             if worker.is_alive():
                 worker.kill()
-        self._pool.shutdown(wait=True)
+        # Else the pipes stay open until that thread ends and the collector finds them.
+        if manager is not None:
+            manager.join()  # it reaps the workers, the killed ones too
+        if results is not None:
+            results.close()
+        for worker in workers:
+            worker.join()
+            worker.close()  # its sentinel pipes
 
 
 def merge_parts(parts: list[Batch], stack: bool) -> Batch:
