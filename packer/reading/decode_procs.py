@@ -50,6 +50,9 @@ DECODE_IN = ("threads", "processes")
 # ones cost more to copy back from the workers than the GIL costs threads
 # (benchmarks/bench_small_images.py measures both).
 SMALL_PIXELS = 128 * 128
+# How long close() waits for the pool's manager thread to reap its workers: it does so at
+# once once they have ended or been killed; a bound, so that close never hangs on it.
+_MANAGER_WAIT_S = 5.0
 
 
 def choose(options: ReaderOptions, manifest: Manifest) -> str:
@@ -181,7 +184,9 @@ class ProcessDecoder:
                 worker.kill()
         # Else the pipes stay open until that thread ends and the collector finds them.
         if manager is not None:
-            manager.join()  # it reaps the workers, the killed ones too
+            manager.join(_MANAGER_WAIT_S)  # it reaps the workers, the killed ones too
+            if manager.is_alive():  # never seen; its pipes are left to the collector
+                return
         if results is not None:
             results.close()
         for worker in workers:
