@@ -242,6 +242,28 @@ def _state(store: Path, **options: Any) -> dict[str, Any]:
     return _job(store, 2, 32, batches=2, **options)[1]
 
 
+def test_a_shares_first_window_opens_as_it_is_read() -> None:
+    """Its order lets records go as its spans are read (plan.opening_order): nothing is read
+    ahead of it. The windows after it keep a plain shuffle; a resumed lane keeps each
+    window's order."""
+    chunks = [plan.chunk_spans([100], 5)]  # 20 chunks: 5 windows of 4
+    planner = Planner(chunks, [100], seed=1, shuffle=True, buffer_chunks=4, remainder="uneven")
+    pieces = planner.first_lane(0, Layout(1, 1, 8), 0, 0).pieces[0]
+    assert [p.opens for p in pieces] == [True, False, False, False, False]
+    for piece in pieces:
+        assert piece.key is not None
+        if piece.opens:  # the last span starts at record 15 of 20: its records go from 11 on
+            assert piece.positions()[: int(15 * plan.OPENING_LEAD)].max() < 15
+        else:
+            plain = plan.window_order(20, piece.key[:-1], piece.key[-1])
+            assert piece.positions().tolist() == plain.tolist()
+    phase = Phase(Layout(1, 1, 8), 3)  # 24 records taken: into the second window
+    resumed = [p for lane in planner.lanes(0, [phase], Layout(2, 1, 8)) for p in lane.pieces[0]]
+    opens = {piece.key: piece.opens for piece in pieces}
+    assert all(piece.opens == opens[piece.key] for piece in resumed)
+    assert not any(piece.opens for piece in resumed)  # the first window was read before
+
+
 def test_a_state_of_another_run_or_a_damaged_one_is_refused_in_one_line(
     raw_store: Path, tmp_path: Path
 ) -> None:

@@ -33,23 +33,25 @@ __all__ = ["Piece", "Layout", "Phase", "Lane", "Planner", "batches_taken"]
 class Piece:
     """Records of one shuffle window: the window is ``spans`` read one after the other, its
     records put in the order ``key`` seeds (None: as stored), and of that order this piece
-    holds the positions in ``ranges``, in turn."""
+    holds the positions in ``ranges``, in turn. ``opens``: the window's order lets its
+    records go as its spans are read (plan.opening_order): a share's first window, which
+    nothing is read ahead of."""
 
     spans: tuple[plan.Span, ...]
     key: tuple[int, ...] | None
     ranges: tuple[tuple[int, int], ...]
+    opens: bool = False
 
     def __len__(self) -> int:
         return sum(b - a for a, b in self.ranges)
 
     def positions(self) -> np.ndarray:
-        """Where this piece's records are among the window's records as read, in yield order
-        (a share's first window, whose key ends in 0, opens as it is read)."""
+        """Where this piece's records are among the window's records as read, in yield order."""
         sizes = [len(s) for s in self.spans]
         if self.key is None:
             order = np.arange(sum(sizes))
-        elif self.key[-1] == 0:
-            order = plan.opening_order(sizes, self.key[:-1], 0)
+        elif self.opens:
+            order = plan.opening_order(sizes, self.key[:-1], self.key[-1])
         else:
             order = plan.window_order(sum(sizes), self.key[:-1], self.key[-1])
         return np.concatenate([order[a:b] for a, b in self.ranges] or [np.zeros(0, np.int64)])
@@ -62,7 +64,7 @@ class Piece:
             if lo < hi:
                 out.append((a + lo - at, a + hi - at))
             at += b - a
-        return Piece(self.spans, self.key, tuple(out))
+        return Piece(self.spans, self.key, tuple(out), self.opens)
 
 
 def cut_pieces(pieces: Sequence[Piece], begin: int, count: int) -> list[Piece]:
@@ -84,7 +86,7 @@ def joined(pieces: Sequence[Piece]) -> list[Piece]:
     out: list[Piece] = []
     for piece in pieces:
         if out and out[-1].spans == piece.spans and out[-1].key == piece.key:
-            out[-1] = Piece(piece.spans, piece.key, out[-1].ranges + piece.ranges)
+            out[-1] = Piece(piece.spans, piece.key, out[-1].ranges + piece.ranges, piece.opens)
         elif len(piece):
             out.append(piece)
     return out
@@ -209,6 +211,7 @@ class Planner:
                         tuple(spans),
                         (*stream, *extra, index) if self.shuffle else None,
                         ((0, sum(len(s) for s in spans)),),
+                        opens=index == 0,
                     )
                     for index, spans in enumerate(plan.windows(part, self.window_chunks[source]))
                 ]

@@ -530,13 +530,12 @@ class _Cursor:
         return self.window
 
     def _read_windows(self) -> Generator[Ordered, None, None]:
-        """The pieces' windows in turn. The first, read from the disk (``ahead``), comes a
-        part at a time as its spans are read: its order lets the first records go as soon
-        as the spans they lie in are read (plan.opening_order)."""
+        """The pieces' windows in turn. One whose order opens as it is read (Piece.opens),
+        read from the disk (``ahead``), comes a part at a time as its spans are read."""
         first = 0  # spans read so far: where the read-ahead stands
-        for number, piece in enumerate(self.pieces):
-            if number == 0 and self.ahead is not None and len(piece.spans) > 1:
-                yield from self._opening(piece)
+        for piece in self.pieces:
+            if piece.opens and self.ahead is not None and len(piece.spans) > 1:
+                yield from self._opening(piece, first)
             else:
                 window = self._read(piece.spans, first, self._array(piece.spans))
                 ordered = Ordered(window, piece.positions())
@@ -545,7 +544,7 @@ class _Cursor:
                 del ordered
             first += len(piece.spans)
 
-    def _opening(self, piece: Piece) -> Generator[Ordered, None, None]:
+    def _opening(self, piece: Piece, first: int) -> Generator[Ordered, None, None]:
         """``piece``'s window read span by span, each time with the records of its order
         that lie in the spans read so far, up to the first that does not."""
         positions = piece.positions()
@@ -557,7 +556,7 @@ class _Cursor:
         row = done = 0
         for k, span in enumerate(piece.spans):
             rows = array[row:] if array is not None else None
-            parts.append(self._read([span], k, rows))
+            parts.append(self._read([span], first + k, rows))
             row += len(span)
             ready = int(np.searchsorted(reach, k, side="right"))
             if ready > done:
