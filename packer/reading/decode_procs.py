@@ -50,8 +50,8 @@ DECODE_IN = ("threads", "processes")
 # ones cost more to copy back from the workers than the GIL costs threads
 # (benchmarks/bench_small_images.py measures both).
 SMALL_PIXELS = 128 * 128
-# How long close() waits for the pool's manager thread to reap its workers: it does so at
-# once once they have ended or been killed; a bound, so that close never hangs on it.
+# How long close() waits for the pool's manager thread to reap its workers, which it does as
+# soon as they have ended or been killed: a bound, so that close never hangs on it.
 _MANAGER_WAIT_S = 5.0
 
 

@@ -39,8 +39,8 @@ __all__ = [
 
 REMAINDERS = ("drop", "pad", "uneven")
 # In an opening window, a chunk's records may be yielded from this fraction of the way to
-# where the chunk starts: the reads need stay a third ahead of the yields, and the records
-# drawn from grow to about a third as many as were yielded, plus the newest chunk.
+# where the chunk starts: the reads need be only a third ahead of the yields, and the records
+# drawn from grow to about a third as many as were yielded, plus the newest chunk's.
 OPENING_LEAD = 0.75
 
 
