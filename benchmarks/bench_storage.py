@@ -339,11 +339,10 @@ def _rate(case: dict[str, Any]) -> float | None:
 def _ceilings(report: dict[str, Any], backend: str, limit_seconds: float) -> list[float] | None:
     """Each epoch's limit: the lesser of the device's rate (``limit_seconds`` for the store)
     and the cores' cold decode rate in that epoch (None where that case failed)."""
-    cold = report["cold_decode"][backend]
-    if "failed" in cold:
+    cold = _rates(report["cold_decode"][backend])
+    if cold is None:
         return None
-    images = report["photos"]
-    return [min(images / limit_seconds, images / t) for t in cold["epoch_seconds"]]
+    return [min(report["photos"] / limit_seconds, rate) for rate in cold]
 
 
 def _decoded_cells(

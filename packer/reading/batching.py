@@ -108,8 +108,7 @@ class Batch:
 def read_window(
     store: Store,
     spans: Sequence[Span],
-    fixed_shape: Sequence[int] | None,
-    reuse: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
     verify: bool = False,
     fetched: Callable[[int], Fetched | None] | None = None,
 ) -> Window:
@@ -119,16 +118,13 @@ def read_window(
     taken from there rather than read again; asked for one span at a time, so that each
     span's bytes are let go once its records are read.
 
-    For raw pixels of one shape the records land in one (n, h, w, c) array: ``reuse`` (the
-    previous window's array, once nothing refers to it) saves allocating and faulting in a
-    new one per window. With ``verify`` their CRC-32s are checked as the window is read, in
-    one CRC-32 pass (see row_checks), into the window's ``intact``.
+    Raw pixels of one shape land in the first rows of ``rows`` (an (n, h, w, c) array of at
+    least the spans' records, which the caller keeps from window to window). With ``verify``
+    their CRC-32s are checked as the window is read, in one CRC-32 pass (see row_checks),
+    into the window's ``intact``.
     """
     total = sum(len(s) for s in spans)
-    out = None
-    if fixed_shape:
-        fits = reuse is not None and len(reuse) >= total
-        out = reuse[:total] if fits else np.empty((total, *fixed_shape), np.uint8)  # type: ignore[index]
+    out = rows[:total] if rows is not None else None
     starts = store.manifest.shard_starts()
     blocks, row = [], 0
     for k, span in enumerate(spans):

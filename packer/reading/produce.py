@@ -566,7 +566,7 @@ class _Cursor:
 
     def _array(self, spans: Sequence[plan.Span]) -> np.ndarray | None:
         """The array raw pixels of one shape are read into: the last window's if it is
-        large enough."""
+        large enough (a new one per window would be faulted in afresh)."""
         if self.fixed is None:
             return None
         total = sum(len(s) for s in spans)
@@ -577,7 +577,7 @@ class _Cursor:
     def _read(self, spans: Sequence[plan.Span], first: int, array: np.ndarray | None) -> Window:
         """``spans`` read into ``array`` (``first``: how many the read-ahead is past)."""
         fetched = partial(_take, self.ahead, first) if self.ahead is not None else None
-        return read_window(self.store, spans, self.fixed, array, self.verify, fetched)
+        return read_window(self.store, spans, array, self.verify, fetched)
 
     def close(self) -> np.ndarray | None:
         """The window array, for the next epoch. The read-ahead is left running: it reads
