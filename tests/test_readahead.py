@@ -171,6 +171,30 @@ def test_an_epochs_first_window_from_the_disk_opens_as_its_chunks_are_read(
         batches.close()
 
 
+def test_a_decoded_batch_goes_once_done_not_once_the_pool_is_full(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode pool keeps a few batches in hand, but a batch it has finished is not held
+    back for the next gather, which may wait for the disk: here the second chunk takes half a
+    second to arrive, and the first batch goes before the third chunk is asked for."""
+    taken: list[int] = []
+
+    class Slow(readahead.ReadAhead):
+        def take(self, i: int) -> Fetched | None:
+            taken.append(i)
+            if i == 1:
+                time.sleep(0.5)  # the first batch decodes meanwhile
+            return super().take(i)
+
+    monkeypatch.setattr(produce, "ReadAhead", Slow)
+    options = {"batch_size": 6, "seed": 1, "chunk_size": 9, "buffer_chunks": 4, "workers": 2}
+    with open_reader(stores["lmdb"], read_ahead=2, decode_in="threads", **options) as reader:
+        batches = reader._producer.epochs(0, (), threading.Event())
+        next(batches)
+        assert taken == [0, 1]  # held back for a full pool, it would wait for chunk 2 too
+        batches.close()
+
+
 def test_the_next_epochs_chunks_are_read_while_the_last_batches_are_taken(
     stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
