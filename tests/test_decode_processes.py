@@ -17,7 +17,7 @@ from helpers import child_pids, process_alive, store_path, write_image
 
 from packer import PackOptions, open_reader, pack
 from packer.errors import CorruptRecordError, UsageError
-from packer.reading.decode_procs import ProcessDecoder, choose
+from packer.reading.decode_procs import MANY_WORKERS, ProcessDecoder, choose
 from packer.reading.options import ReaderOptions
 from packer.store.access import open_manifest
 
@@ -72,7 +72,28 @@ def test_small_images_decode_in_processes_by_default(small: Path, tmp_path: Path
     large = tmp_path / "large"
     write_image(large / "c" / "a.jpg", size=(200, 150))
     pack(large, tmp_path / "l.lmdb", PackOptions(seed=0, workers=1))
-    assert choose(ReaderOptions(batch_size=8), open_manifest(tmp_path / "l.lmdb")) == "threads"
+    large_manifest = open_manifest(tmp_path / "l.lmdb")
+    assert choose(ReaderOptions(batch_size=8, workers=2), large_manifest) == "threads"
+
+
+def test_many_workers_decode_large_images_in_processes(tmp_path: Path) -> None:
+    """Past MANY_WORKERS, threads queue for the GIL whatever the image size: processes."""
+    write_image(tmp_path / "large" / "c" / "a.jpg", size=(200, 150))
+    pack(tmp_path / "large", tmp_path / "l.lmdb", PackOptions(seed=0, workers=1))
+    manifest = open_manifest(tmp_path / "l.lmdb")
+    few, many = MANY_WORKERS - 1, MANY_WORKERS
+    assert choose(ReaderOptions(batch_size=8, workers=few), manifest) == "threads"
+    assert choose(ReaderOptions(batch_size=8, workers=many), manifest) == "processes"
+    # still threads where processes cannot serve: in a DataLoader worker, or for a lambda
+    assert choose(ReaderOptions(batch_size=8, workers=many, worker=(0, 2)), manifest) == "threads"
+    lambda_transform = ReaderOptions(batch_size=8, workers=many, transform=lambda a: a)
+    assert choose(lambda_transform, manifest) == "threads"
+    # and the reader decodes there, giving the same image as threads
+    with open_reader(tmp_path / "l.lmdb", batch_size=1, workers=many) as reader:
+        [(images, _)] = list(reader.epoch(0))
+    with open_reader(tmp_path / "l.lmdb", batch_size=1, decode_in="threads") as reader:
+        [(expected, _)] = list(reader.epoch(0))
+    np.testing.assert_array_equal(images, expected)
 
 
 def test_a_corrupt_record_in_a_worker_is_the_same_one_line_error(

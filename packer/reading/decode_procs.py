@@ -1,10 +1,13 @@
 """Decoding in worker processes, and the choice between them and the decode threads.
 
-Threads serve large images well: libjpeg-turbo, libpng, zlib and CRC-32 release the GIL for
-the heavy part. A small image is the other way round: of a 32x32 PNG's ~30 us, half is the
-record's Python (checks, header, arrays) that holds the GIL, and so is whatever Python the
-training loop runs beside the reader: threads take turns. Worker processes each have their
-own GIL, and leave the training process's to the training loop.
+Threads serve large images well on a few cores: libjpeg-turbo, libpng, zlib and CRC-32
+release the GIL for the heavy part. A small image is the other way round: of a 32x32 PNG's
+~30 us, half is the record's Python (checks, header, arrays) that holds the GIL, and so is
+whatever Python the training loop runs beside the reader: threads take turns. The same turns
+cap many threads on large images: each holds the GIL for a sliver of every image, and with a
+dozen of them the slivers add up to the whole, while the training loop, queueing a GPU's
+kernels, waits its turn too. Worker processes each have their own GIL, and leave the
+training process's to the training loop.
 
     producer thread: read_window -> gather -> [bytes of one batch part] --pipe--> worker process
     worker process:  finish_batch (verify, decode, transform) -> one array --pipe--> merged batch
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from packer.arguments import default_workers
 from packer.errors import UsageError
 from packer.imaging import decode as imaging
 from packer.imaging import resizing
@@ -47,9 +51,13 @@ __all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "ProcessDecoder", "merge_parts
 DECODE_IN = ("threads", "processes")
 # Images of at most this many pixels on average (the store's own statistics) decode in
 # processes by default: small images are mostly Python work that holds the GIL, and larger
-# ones cost more to copy back from the workers than the GIL costs threads
+# ones, on a few cores, cost more to copy back from the workers than the GIL costs threads
 # (benchmarks/bench_small_images.py measures both).
 SMALL_PIXELS = 128 * 128
+# From this many decode workers on, images of any size decode in processes: the threads' turns
+# at the GIL, not the cores, bound them, and starve a training loop that feeds a GPU
+# (benchmarks/bench_gpu.py, on 16 cores).
+MANY_WORKERS = 8
 # How long close() waits for the pool's manager thread to reap its workers, which it does as
 # soon as they have ended or been killed: a bound, so that close never hangs on it.
 _MANAGER_WAIT_S = 5.0
@@ -57,7 +65,8 @@ _MANAGER_WAIT_S = 5.0
 
 def choose(options: ReaderOptions, manifest: Manifest) -> str:
     """Where this reader decodes: ``options.decode_in`` if given, else "processes" for a
-    store of small encoded images read outside a DataLoader worker, else "threads"."""
+    store of small encoded images, or for MANY_WORKERS or more, read outside a DataLoader
+    worker, else "threads"."""
     if options.decode_in is not None:
         if options.decode_in == "processes":
             _check_sendable(options)
@@ -70,7 +79,8 @@ def choose(options: ReaderOptions, manifest: Manifest) -> str:
     stats = manifest.stats or {}
     height = (stats.get("height") or {}).get("mean")
     width = (stats.get("width") or {}).get("mean")
-    if not height or not width or height * width > SMALL_PIXELS:
+    small = bool(height and width and height * width <= SMALL_PIXELS)
+    if not small and (options.workers or default_workers()) < MANY_WORKERS:
         return "threads"
     try:
         _check_sendable(options)
