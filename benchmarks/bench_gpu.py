@@ -777,8 +777,8 @@ def findings(report: dict[str, Any]) -> str:
                 else ""
             )
             + " The threads' wait_share reads 0%: the loop, not the data, was late. From 8 "
-            "decode workers on, the reader decodes in processes by default "
-            "(`decode_in=None`).\n"
+            "decode workers on, the reader decodes in processes by default where each image "
+            "comes back at most 256 x 256 (`size=`, `augment=`).\n"
         )
     if gpu:
         lines.append(

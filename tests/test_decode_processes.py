@@ -16,6 +16,7 @@ import pytest
 from helpers import child_pids, process_alive, store_path, write_image
 
 from packer import PackOptions, open_reader, pack
+from packer.augment import RandomResizedCrop
 from packer.errors import CorruptRecordError, UsageError
 from packer.reading.decode_procs import MANY_WORKERS, ProcessDecoder, choose
 from packer.reading.options import ReaderOptions
@@ -76,23 +77,36 @@ def test_small_images_decode_in_processes_by_default(small: Path, tmp_path: Path
     assert choose(ReaderOptions(batch_size=8, workers=2), large_manifest) == "threads"
 
 
-def test_many_workers_decode_large_images_in_processes(tmp_path: Path) -> None:
-    """Past MANY_WORKERS, threads queue for the GIL whatever the image size: processes."""
-    write_image(tmp_path / "large" / "c" / "a.jpg", size=(200, 150))
+def test_many_workers_decode_large_images_in_processes_where_they_come_back_small(
+    tmp_path: Path,
+) -> None:
+    """Past MANY_WORKERS, threads queue for the GIL: images whose output is small (size or
+    augment) decode in processes; full-size outputs keep threads, whose copy back costs more."""
+    write_image(tmp_path / "large" / "c" / "a.jpg", size=(600, 450))
     pack(tmp_path / "large", tmp_path / "l.lmdb", PackOptions(seed=0, workers=1))
     manifest = open_manifest(tmp_path / "l.lmdb")
     few, many = MANY_WORKERS - 1, MANY_WORKERS
-    assert choose(ReaderOptions(batch_size=8, workers=few), manifest) == "threads"
-    assert choose(ReaderOptions(batch_size=8, workers=many), manifest) == "processes"
+    sized = {"batch_size": 8, "size": (224, 224)}
+    assert choose(ReaderOptions(workers=few, **sized), manifest) == "threads"
+    assert choose(ReaderOptions(workers=many, **sized), manifest) == "processes"
+    cropped = ReaderOptions(batch_size=8, workers=many, augment=[RandomResizedCrop(224)])
+    assert choose(cropped, manifest) == "processes"
+    # whole 600x450 images coming back: threads, however many workers
+    assert choose(ReaderOptions(batch_size=8, workers=many), manifest) == "threads"
+    assert (
+        choose(ReaderOptions(workers=many, **{**sized, "size": (512, 512)}), manifest) == "threads"
+    )
     # still threads where processes cannot serve: in a DataLoader worker, or for a lambda
-    assert choose(ReaderOptions(batch_size=8, workers=many, worker=(0, 2)), manifest) == "threads"
-    lambda_transform = ReaderOptions(batch_size=8, workers=many, transform=lambda a: a)
-    assert choose(lambda_transform, manifest) == "threads"
-    # and the reader decodes there, giving the same image as threads
-    with open_reader(tmp_path / "l.lmdb", batch_size=1, workers=many) as reader:
+    assert choose(ReaderOptions(workers=many, worker=(0, 2), **sized), manifest) == "threads"
+    assert (
+        choose(ReaderOptions(workers=many, transform=lambda a: a, **sized), manifest) == "threads"
+    )
+    # and the reader decodes there, giving the threads' pixels
+    with open_reader(tmp_path / "l.lmdb", workers=many, **sized) as reader:
         [(images, _)] = list(reader.epoch(0))
-    with open_reader(tmp_path / "l.lmdb", batch_size=1, decode_in="threads") as reader:
+    with open_reader(tmp_path / "l.lmdb", decode_in="threads", **sized) as reader:
         [(expected, _)] = list(reader.epoch(0))
+    assert images.shape == (1, 224, 224, 3)
     np.testing.assert_array_equal(images, expected)
 
 

@@ -20,6 +20,7 @@ the GIL does, so ``choose`` keeps threads for them.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -54,10 +55,13 @@ DECODE_IN = ("threads", "processes")
 # ones, on a few cores, cost more to copy back from the workers than the GIL costs threads
 # (benchmarks/bench_small_images.py measures both).
 SMALL_PIXELS = 128 * 128
-# From this many decode workers on, images of any size decode in processes: the threads' turns
-# at the GIL, not the cores, bound them, and starve a training loop that feeds a GPU
-# (benchmarks/bench_gpu.py, on 16 cores).
+# From this many decode workers on, larger images decode in processes too, where what comes
+# back of each is at most RETURNED_PIXELS (the output of ``size`` or ``augment``, else the
+# store's mean image): the threads' turns at the GIL, not the cores, bound them, and starve a
+# training loop that feeds a GPU (benchmarks/bench_gpu.py, on 16 cores, 224x224 outputs).
+# Larger outputs keep threads: their copy back is the cost bench_small_images measures.
 MANY_WORKERS = 8
+RETURNED_PIXELS = 256 * 256
 # How long close() waits for the pool's manager thread to reap its workers, which it does as
 # soon as they have ended or been killed: a bound, so that close never hangs on it.
 _MANAGER_WAIT_S = 5.0
@@ -65,8 +69,8 @@ _MANAGER_WAIT_S = 5.0
 
 def choose(options: ReaderOptions, manifest: Manifest) -> str:
     """Where this reader decodes: ``options.decode_in`` if given, else "processes" for a
-    store of small encoded images, or for MANY_WORKERS or more, read outside a DataLoader
-    worker, else "threads"."""
+    store of small encoded images, or with MANY_WORKERS or more for images that come back
+    small, read outside a DataLoader worker, else "threads"."""
     if options.decode_in is not None:
         if options.decode_in == "processes":
             _check_sendable(options)
@@ -80,13 +84,28 @@ def choose(options: ReaderOptions, manifest: Manifest) -> str:
     height = (stats.get("height") or {}).get("mean")
     width = (stats.get("width") or {}).get("mean")
     small = bool(height and width and height * width <= SMALL_PIXELS)
-    if not small and (options.workers or default_workers()) < MANY_WORKERS:
+    many = (options.workers or default_workers()) >= MANY_WORKERS
+    if not small and not (many and _returned_pixels(options, height, width) <= RETURNED_PIXELS):
         return "threads"
     try:
         _check_sendable(options)
     except UsageError:
         return "threads"  # a transform that only threads can run
     return "processes"
+
+
+def _returned_pixels(options: ReaderOptions, height: float | None, width: float | None) -> float:
+    """About how many pixels of each image a worker sends back: the ``size``, the output of
+    ``augment`` for the store's mean image, else that mean image (unknown: unbounded)."""
+    if options.size is not None:
+        return float(options.size[0] * options.size[1])
+    if not height or not width:
+        return math.inf
+    augment = options.augmenting
+    if augment is not None:
+        out_h, out_w = augment.place(round(height), round(width), np.random.default_rng(0)).shape
+        return float(out_h * out_w)
+    return float(height * width)
 
 
 def _check_sendable(options: ReaderOptions) -> None:
