@@ -346,11 +346,11 @@ class NvjpegLoader(Loader):
     resized there, by a thread of its own on a stream of its own, a few batches ahead: the
     CPUs only read, and the decode overlaps the training step as packer's copies do."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path, **options: Any) -> None:
         from packer import open_reader
 
         self.reader = open_reader(
-            store, batch_size=BATCH, seed=SEED, drop_last=True, decode=False, workers=4
+            store, batch_size=BATCH, seed=SEED, drop_last=True, decode=False, workers=4, **options
         )
 
     def decoded(self, payloads: list[bytes]) -> Any:
@@ -416,6 +416,49 @@ def measure(make: Callable[[], Loader], epochs: int, trainer: Trainer | None) ->
     return {"open_s": round(opened, 2), "epochs": rows}
 
 
+class HybridLoader(Loader):
+    """Both decoders at once: the store split in two as two ranks are (each record once),
+    one half decoded on the GPU (NvjpegLoader), the other by packer's reader on the CPUs; the
+    loop takes whichever batch is ready first."""
+
+    def __init__(self, store: Path) -> None:
+        halves = {"world_size": 2}
+        self.parts: list[Loader] = [
+            NvjpegLoader(store, rank=0, **halves),
+            PackerLoader(store, size=(SIZE, SIZE), rank=1, **halves),
+        ]
+
+    def batches(self, epoch: int) -> Iterator[Any]:
+        import queue
+        import threading
+
+        ready: queue.Queue[Any] = queue.Queue(maxsize=4)
+
+        def feed(part: Loader) -> None:
+            try:
+                for batch in part.batches(epoch):
+                    ready.put(batch)
+                ready.put(None)
+            except BaseException as e:  # the loop must learn of it, not wait forever
+                ready.put(e)
+
+        for part in self.parts:
+            threading.Thread(target=feed, args=(part,), daemon=True).start()
+        running = len(self.parts)
+        while running:
+            item = ready.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
 def loaders(folder: Path, store: Path, cores: int) -> dict[str, Callable[[], Loader]]:
     return {
         "packer": lambda: PackerLoader(store, size=(SIZE, SIZE)),
@@ -424,6 +467,7 @@ def loaders(folder: Path, store: Path, cores: int) -> dict[str, Callable[[], Loa
         "dataloader": lambda: FolderLoader(folder, cores),
         "packer-workers": lambda: PackerWorkersLoader(store, cores),
         "nvjpeg": lambda: NvjpegLoader(store),
+        "hybrid": lambda: HybridLoader(store),
     }
 
 
@@ -593,6 +637,7 @@ NAMES = {
     "dataloader": "DataLoader over the folder, crop + flip",
     "packer-workers": "packer's TorchDataset in DataLoader workers, crop + flip",
     "nvjpeg": "nvJPEG on the GPU (torchvision), `size` 224",
+    "hybrid": "half nvJPEG, half packer on the CPUs",
 }
 CPU_LOADERS = ("packer", "packer-threads", "packer-augment", "dataloader", "packer-workers")
 
