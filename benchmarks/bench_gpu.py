@@ -8,25 +8,28 @@ channels-last, batches of 256, 224 x 224:
 
   limit           the GPU's own training rate: steps on a batch already on the GPU
   packer          open_reader(size=(224, 224), output="torch", pin_memory=True,
-                  device=DEVICE), every core decoding; per epoch images/s and
-                  reader.stats()["wait_share"]
+                  device="cuda"), every core decoding (where the defaults choose); per
+                  epoch images/s and reader.stats()["wait_share"]
+  packer-threads  the same with decode_in="threads" (ResNet-50 only)
   packer-augment  the same with augment=[RandomResizedCrop(224), RandomHorizontalFlip()]
   dataloader      torchvision's ImageFolder over the folder with the same augmentation, a
                   DataLoader with one worker process per core and pinned memory
   packer-workers  packer's TorchDataset (the same augmentation) through that many DataLoader
                   workers
+  nvjpeg          the store's JPEG bytes decoded on the GPU (torchvision.io.decode_jpeg) and
+                  resized there, by a thread and a stream of its own
+  hybrid          half the store through nvjpeg, half through packer on the CPUs
   decode limit    each loader alone, batches copied to the GPU, no training: how fast the
-                  CPUs feed it
-  nvjpeg          the store's JPEG bytes decoded on the GPU (torchvision.io.decode_jpeg)
-                  and resized there, alone and feeding ResNet-18
+                  CPUs (or nvJPEG) feed it
   trace           a torch.profiler trace of a few ResNet-50 steps fed by packer: does each
                   batch's copy to the GPU run on a stream of its own beside the kernels?
+  train_example   scripts/train_example.py --device cuda, every loader, on its demo set
 
 Each case writes its figures to --out as it finishes (gpu.json, the trace's timeline), so a
 run cut short keeps what it measured. --render turns a run's folder into the results page
 docs/benchmarks/gpu.md and its timeline picture, on any machine.
 
-    python benchmarks/bench_gpu.py --out /tmp/gpu         # on the GPU machine, ~5 minutes
+    python benchmarks/bench_gpu.py --out /tmp/gpu         # on the GPU machine, ~6 minutes
     python benchmarks/bench_gpu.py --render /tmp/gpu      # the page, from that run
     python benchmarks/bench_gpu.py --render docs/benchmarks/gpu.json   # again, from the saved runs
 """
