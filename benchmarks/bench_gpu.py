@@ -255,15 +255,18 @@ class Loader:
         pass
 
 
+def every_reader() -> dict[str, Any]:
+    """What every packer loader here is opened with: the same batches, order and epochs."""
+    return {"batch_size": BATCH, "seed": SEED, "drop_last": True}
+
+
 class PackerLoader(Loader):
     def __init__(self, store: Path, **options: Any) -> None:
         from packer import open_reader
 
         self.reader = open_reader(
             store,
-            batch_size=BATCH,
-            seed=SEED,
-            drop_last=True,
+            **every_reader(),
             output="torch",
             pin_memory=DEVICE == "cuda",
             device=DEVICE if DEVICE == "cuda" else None,
@@ -328,9 +331,7 @@ class PackerWorkersLoader(Loader):
 
         self.dataset = TorchDataset(
             store,
-            batch_size=BATCH,
-            seed=SEED,
-            drop_last=True,
+            **every_reader(),
             output="torch",
             workers=1,  # one decode thread per worker process: the processes are the pool
             augment=augment_steps(),
@@ -352,9 +353,7 @@ class NvjpegLoader(Loader):
     def __init__(self, store: Path, **options: Any) -> None:
         from packer import open_reader
 
-        self.reader = open_reader(
-            store, batch_size=BATCH, seed=SEED, drop_last=True, decode=False, workers=4, **options
-        )
+        self.reader = open_reader(store, **every_reader(), decode=False, workers=4, **options)
 
     def decoded(self, payloads: list[bytes]) -> Any:
         import torch
