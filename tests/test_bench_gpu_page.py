@@ -80,3 +80,17 @@ def test_the_page_is_what_the_saved_runs_render_to() -> None:
         goals["ResNet-50: packer's wait_share, where the CPUs could feed the GPU"]["pass"] is None
     )
     assert (bench_gpu.PICTURE).is_file()
+
+
+def test_a_run_with_every_case_renders_alone() -> None:
+    """A new run saved on its own (every case this script now runs, the hybrid too) renders
+    a page whose tables name each loader and whose findings say what both decoders gave."""
+    newest, earlier = json.loads(bench_gpu.REPORT.read_text())
+    run = {**earlier, **newest}  # the earlier run's ResNet-18 rows, the newest's ResNet-50
+    run["resnet50/hybrid"] = run["resnet18/hybrid"] = run["resnet50/nvjpeg"]
+    page = bench_gpu.page([run], drawn=False)
+    assert "earlier default" not in page and "gpu-timeline.svg" not in page
+    for label in bench_gpu.NAMES.values():
+        assert f"| {label} |" in page
+    hybrid = run["resnet50/hybrid"]["epochs"][-1]["images_per_s"]
+    assert f"fed ResNet-50 at {hybrid:,} images/s" in page
