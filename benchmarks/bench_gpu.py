@@ -634,7 +634,6 @@ REPORT = reporting.DOCS / "gpu.json"
 NAMES = {
     "packer": "packer, `size=(224, 224)`",
     "packer-threads": 'packer, `decode_in="threads"`',
-    "packer-threads-half": 'packer, `decode_in="threads"`, half the cores',
     "packer-augment": "packer, `augment=` crop + flip",
     "dataloader": "DataLoader over the folder, crop + flip",
     "packer-workers": "packer's TorchDataset in DataLoader workers, crop + flip",
