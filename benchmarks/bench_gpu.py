@@ -681,7 +681,7 @@ def render(given: list[Path]) -> None:
         reports = json.loads(given[0].read_text())
     else:
         reports = collect(given)
-        reporting.write(REPORT, json.dumps(reports, indent=1) + "\n")
+        reporting.write(REPORT, json.dumps(reports) + "\n")
     traced = best_trace(reports)
     drawn = traced is not None and draw_timeline(traced["timeline"], PICTURE)
     reporting.write(PAGE, page(reports, drawn))
