@@ -13,8 +13,8 @@ training process's to the training loop.
     worker process:  finish_batch (verify, decode, transform) -> one array --pipe--> merged batch
 
 A part goes out as its payloads and metadata, comes back as one array: a copy each way, a
-few percent of a small image's decode. For large images the copy back would cost more than
-the GIL does, so ``choose`` keeps threads for them.
+few percent of a small image's decode. For a large image coming back whole, on a few cores,
+the copy back costs more than the GIL does, so ``choose`` keeps threads for it.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ class ReaderOptions:
         workers: decode threads or processes; None: all cores.
         decode_in: "threads" or "processes"; None: processes for a store of small images
             (its manifest's mean size) or with 8 workers or more for outputs of at most
-            256x256 pixels (see packer.reading.decode_procs), threads otherwise and inside DataLoader workers.
+            256x256 pixels (see packer.reading.decode_procs), threads otherwise and inside
+            DataLoader workers.
         decode: False: the stored payloads as they are, not decoded.
         transform: run on each decoded HWC image, in the decode pool.
         collate: makes a batch of its images; None: one N×H×W×C array where they share a
