@@ -37,7 +37,6 @@ docs/benchmarks/gpu.md and its timeline picture, on any machine.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import os
@@ -46,7 +45,6 @@ import shlex
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -347,58 +345,18 @@ class PackerWorkersLoader(Loader):
 
 class NvjpegLoader(Loader):
     """The store's JPEG bytes (decode=False), decoded on the GPU by nvJPEG in batches and
-    resized there, by a thread of its own on a stream of its own, a few batches ahead: the
-    CPUs only read, and the decode overlaps the training step as packer's copies do."""
+    brought to 224 x 224 there (packer.gpu_decode.decode_on_gpu: a thread and a stream of its
+    own, a few batches ahead): the CPUs only read."""
 
     def __init__(self, store: Path, **options: Any) -> None:
         from packer import open_reader
 
         self.reader = open_reader(store, **every_reader(), decode=False, workers=4, **options)
 
-    def decoded(self, payloads: list[bytes]) -> Any:
-        import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-        from torchvision.transforms.v2 import functional
-
-        with warnings.catch_warnings():  # the bytes are read-only; decode_jpeg only reads
-            warnings.simplefilter("ignore", UserWarning)
-            data = [torch.frombuffer(p, dtype=torch.uint8) for p in payloads]
-        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=DEVICE)
-        resized = [functional.resize(i, [SIZE, SIZE], antialias=True) for i in images]
-        return torch.stack(resized).permute(0, 2, 3, 1)
-
     def batches(self, epoch: int) -> Iterator[Any]:
-        import queue
-        import threading
+        from packer.gpu_decode import decode_on_gpu
 
-        import torch
-
-        on_gpu = DEVICE == "cuda"
-        stream = torch.cuda.Stream() if on_gpu else None
-        ahead: queue.Queue[Any] = queue.Queue(maxsize=3)
-
-        def produce() -> None:
-            try:
-                with torch.cuda.stream(stream) if on_gpu else contextlib.nullcontext():
-                    for payloads, labels in self.reader.epoch(epoch):
-                        images = self.decoded(payloads)
-                        done = torch.cuda.Event() if on_gpu else None
-                        if done is not None:
-                            done.record(stream)
-                        ahead.put((images, torch.from_numpy(labels), done))
-                ahead.put(None)
-            except BaseException as e:  # the loop must learn of it, not wait forever
-                ahead.put(e)
-
-        threading.Thread(target=produce, daemon=True).start()
-        while (item := ahead.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            images, labels, done = item
-            if done is not None:
-                torch.cuda.current_stream().wait_event(done)
-                images.record_stream(torch.cuda.current_stream())
-            yield images, labels
+        return decode_on_gpu(self.reader.epoch(epoch), (SIZE, SIZE), device=DEVICE)
 
     def close(self) -> None:
         self.reader.close()
@@ -832,8 +790,8 @@ def findings(report: dict[str, Any]) -> str:
             f"a thread and a stream of its own, the CPUs only reading) decodes and resizes "
             f"{gpu:,} images/s alone, {gpu / decode_limit(report):.2f}x the CPUs' limit; "
             f"feeding ResNet-50, whose GPU time it shares, it trained at "
-            f"{rate(report, 'resnet50/nvjpeg') or 0:,} images/s. It is measured here, not yet "
-            "an option of the reader.\n"
+            f"{rate(report, 'resnet50/nvjpeg') or 0:,} images/s. These steps are now "
+            "`packer.gpu_decode.decode_on_gpu`.\n"
         )
     both = rate(report, "resnet50/hybrid")
     if both:
