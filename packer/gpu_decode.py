@@ -112,7 +112,7 @@ def decode_on_gpu(
         ):
             raise UsageError(
                 "decode_on_gpu takes a reader's encoded records (a list of each record's "
-                "bytes): open it with decode=False"
+                "bytes, as a store of encoded images gives them): open it with decode=False"
             )
         jpegs = [i for i, p in enumerate(payloads) if isinstance(p, bytes) and p[:3] == _JPEG]
         with warnings.catch_warnings():  # the bytes are read-only; nvJPEG only reads them
