@@ -138,7 +138,7 @@ def decode_on_gpu(
         labels = torch.as_tensor(labels).to(target, non_blocking=True)
         return (stacked.contiguous(), labels) + (() if paths is None else (paths,))
 
-    yield from _ahead(batches, decoded, target, ahead)
+    return _ahead(batches, decoded, target, ahead)
 
 
 def _undecodable(number: int, i: int, paths: Any, reason: str) -> CorruptRecordError:
