@@ -105,6 +105,7 @@ def test_each_flow_is_a_folder() -> None:
         "augment",
         "errors",
         "fork_gate",
+        "gpu_decode",
         "lifeline",
         "prefetch",
         "recipes",
