@@ -12,8 +12,9 @@ A thread of its own decodes each batch on a CUDA stream of its own, ``ahead`` ba
 of the loop, as the reader copies its batches: decoding overlaps the step, and the training
 stream waits for its own batch alone. A batch's JPEGs go to nvJPEG in one call; a record
 that is not a JPEG (a PNG in a mixed store, raw pixels) is decoded on the CPU as the reader
-decodes it, then copied up; so is a JPEG nvJPEG refuses (CMYK, say). Each image is then brought to ``size`` as the reader's ``fit``
-does ("crop": the centre at the target's aspect ratio; "stretch"), antialiased bilinear.
+decodes it, then copied up, and so is a JPEG nvJPEG refuses (CMYK, say). Each image is then
+brought to ``size`` as the reader's ``fit`` does ("crop": the centre at the target's aspect
+ratio; "stretch"), antialiased bilinear.
 """
 
 from __future__ import annotations
@@ -167,10 +168,10 @@ def _ahead(batches: Iterable[Any], decoded: Any, target: Any, ahead: int) -> Ite
             with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
                 for number, batch in enumerate(batches):
                     done = decoded(batch, number)
-                    copied = torch.cuda.Event() if stream else None
-                    if copied is not None:
-                        copied.record(stream)
-                    if not put((done, copied)):
+                    finished = torch.cuda.Event() if stream else None
+                    if finished is not None:
+                        finished.record(stream)
+                    if not put((done, finished)):
                         return
             put(_END)
         except BaseException as e:  # the loop learns of it, in its own thread
@@ -186,10 +187,10 @@ def _ahead(batches: Iterable[Any], decoded: Any, target: Any, ahead: int) -> Ite
         while (item := ready.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
-            done, copied = item
-            if copied is not None:
+            done, finished = item
+            if finished is not None:
                 current = torch.cuda.current_stream(target)
-                current.wait_event(copied)  # this batch's decode, not the whole stream
+                current.wait_event(finished)  # this batch's decode, not the whole stream
                 for tensor in done[:2]:
                     tensor.record_stream(current)
             yield done
