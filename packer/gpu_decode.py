@@ -31,6 +31,7 @@ import numpy as np
 from packer.about import require_torch
 from packer.errors import CorruptRecordError, UsageError
 from packer.imaging.decode import decode_array
+from packer.imaging.resizing import centre_box
 
 torch = require_torch("packer.gpu_decode")
 
@@ -77,14 +78,13 @@ def decode_on_gpu(
 
     def fitted(image: Any) -> Any:
         """A C x h x w image brought to ``size`` as the reader's ``fit`` brings it."""
-        h, w = size
-        height, width = image.shape[1:]
         if fit == "crop":  # the centre at the target's aspect ratio, then scaled
-            box_h = max(1, min(height, round(width * h / w)))
-            box_w = max(1, min(width, round(height * w / h)))
-            top, left = (height - box_h) // 2, (width - box_w) // 2
-            return functional.resized_crop(image, top, left, box_h, box_w, [h, w], antialias=True)
-        return functional.resize(image, [h, w], antialias=True)
+            height, width = image.shape[1:]
+            top, left, box_h, box_w = centre_box(height, width, size)
+            return functional.resized_crop(
+                image, top, left, box_h, box_w, list(size), antialias=True
+            )
+        return functional.resize(image, list(size), antialias=True)
 
     def on_cpu(payload: Any, number: int, i: int, paths: Any) -> Any:
         """A record nvJPEG does not take (not a JPEG, or one it refuses, such as CMYK),

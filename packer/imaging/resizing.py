@@ -20,7 +20,16 @@ import numpy as np
 
 from packer.fork_gate import FORK_GATE
 
-__all__ = ["FITS", "load", "resize", "resized_size", "scale_to", "sample_box", "mirrored"]
+__all__ = [
+    "FITS",
+    "load",
+    "centre_box",
+    "resize",
+    "resized_size",
+    "scale_to",
+    "sample_box",
+    "mirrored",
+]
 
 FITS = ("crop", "pad", "stretch")
 
@@ -70,6 +79,15 @@ def resized_size(
     return (max(1, round(width * scale)), max(1, round(height * scale)))
 
 
+def centre_box(height: int, width: int, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """What ``fit="crop"`` keeps of a ``height`` x ``width`` image: (top, left, height,
+    width) of its centre at the aspect ratio of ``size`` (height, width)."""
+    h, w = size
+    box_h = max(1, min(height, round(width * h / w)))
+    box_w = max(1, min(width, round(height * w / h)))
+    return (height - box_h) // 2, (width - box_w) // 2, box_h, box_w
+
+
 def resize(
     pixels: np.ndarray,
     max_side: int | None = None,
@@ -87,13 +105,10 @@ def resize(
     height, width, channels = pixels.shape
     if size is not None and fit == "crop":
         # The centre is cut out first: nothing is scaled only to be cut away.
-        h, w = size
-        box_h = max(1, min(height, round(width * h / w)))
-        box_w = max(1, min(width, round(height * w / h)))
+        top, left, box_h, box_w = centre_box(height, width, size)
         if (box_h, box_w) != (height, width):
-            top, left = (height - box_h) // 2, (width - box_w) // 2
             pixels = pixels[top : top + box_h, left : left + box_w]
-        return _scaled(pixels, (w, h))
+        return _scaled(pixels, (size[1], size[0]))
     scaled = resized_size(width, height, max_side, size, fit)
     if scaled is not None:
         pixels = _scaled(pixels, scaled)
