@@ -20,8 +20,6 @@ ratio; "stretch"), antialiased bilinear.
 from __future__ import annotations
 
 import contextlib
-import queue
-import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -32,6 +30,7 @@ from packer.about import require_torch
 from packer.errors import CorruptRecordError, UsageError
 from packer.imaging.decode import decode_array
 from packer.imaging.resizing import centre_box
+from packer.prefetch import Prefetcher
 
 torch = require_torch("packer.gpu_decode")
 
@@ -39,7 +38,6 @@ __all__ = ["decode_on_gpu"]
 
 _JPEG = b"\xff\xd8\xff"  # every JPEG starts so: the start-of-image marker, then a segment
 _FITS = ("crop", "stretch")
-_END = object()
 
 
 def decode_on_gpu(
@@ -150,20 +148,11 @@ def _undecodable(number: int, i: int, paths: Any, reason: str) -> CorruptRecordE
 
 
 def _ahead(batches: Iterable[Any], decoded: Any, target: Any, ahead: int) -> Iterator[Any]:
-    """``decoded(batch, number)`` of each batch, run by a thread (on a CUDA device, on a
-    stream of its own), at most ``ahead`` batches ahead of the loop."""
+    """``decoded(batch, number)`` of each batch, made by a Prefetcher's thread (on a CUDA
+    device, on a stream of its own) up to ``ahead`` batches ahead of the loop."""
     stream = torch.cuda.Stream(target) if target.type == "cuda" else None
-    ready: queue.Queue[Any] = queue.Queue(maxsize=ahead)
-    stop = threading.Event()
 
-    def put(item: Any) -> bool:
-        while not stop.is_set():  # the loop may have stopped taking: never block for good
-            with contextlib.suppress(queue.Full):
-                ready.put(item, timeout=0.1)
-                return True
-        return False
-
-    def produce() -> None:
+    def produce() -> Iterator[tuple[Any, Any]]:
         try:
             with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
                 for number, batch in enumerate(batches):
@@ -171,29 +160,17 @@ def _ahead(batches: Iterable[Any], decoded: Any, target: Any, ahead: int) -> Ite
                     finished = torch.cuda.Event() if stream else None
                     if finished is not None:
                         finished.record(stream)
-                    if not put((done, finished)):
-                        return
-            put(_END)
-        except BaseException as e:  # the loop learns of it, in its own thread
-            put(e)
+                    yield done, finished
         finally:
             close = getattr(batches, "close", None)
             if close is not None:  # a reader's epoch: stop its work now
                 close()
 
-    thread = threading.Thread(target=produce, name="packer-gpu-decode", daemon=True)
-    thread.start()
-    try:
-        while (item := ready.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
-            done, finished = item
+    with Prefetcher(produce, depth=ahead, name="packer-gpu-decode") as prefetched:
+        for done, finished in prefetched:
             if finished is not None:
                 current = torch.cuda.current_stream(target)
                 current.wait_event(finished)  # this batch's decode, not the whole stream
                 for tensor in done[:2]:
                     tensor.record_stream(current)
             yield done
-    finally:
-        stop.set()
-        thread.join()
