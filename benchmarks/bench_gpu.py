@@ -490,10 +490,17 @@ def gpu_timeline(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _merged(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def _training_stream(timeline: dict[str, Any]) -> str | None:
+    """The stream that trains: the one with the most kernel time."""
+    busy = {s: sum(b - a for a, b in spans) for s, spans in timeline["kernels"].items()}
+    return max(busy, key=lambda s: busy[s], default=None)
+
+
+def _merged(spans: Iterable[tuple[float, float]], gap: float = 0.0) -> list[tuple[float, float]]:
+    """The spans as busy stretches: overlapping ones, and ones at most ``gap`` apart, joined."""
     merged: list[tuple[float, float]] = []
     for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
+        if merged and start <= merged[-1][1] + gap:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
         else:
             merged.append((start, end))
@@ -507,8 +514,7 @@ def _covered(start: float, end: float, spans: list[tuple[float, float]]) -> floa
 def summarize_timeline(timeline: dict[str, Any]) -> dict[str, Any]:
     """Which stream trains (the most kernel time), which the copies use, how much of each
     copy's time the training stream was busy, and how busy it was over the traced steps."""
-    busy = {s: sum(b - a for a, b in spans) for s, spans in timeline["kernels"].items()}
-    training = max(busy, key=lambda s: busy[s], default=None)
+    training = _training_stream(timeline)
     spans = _merged(timeline["kernels"][training]) if training else []
     copies = timeline["copies"]
     copy_time = sum(c["end"] - c["start"] for c in copies)
@@ -604,14 +610,8 @@ CPU_LOADERS = ("packer", "packer-threads", "packer-augment", "dataloader", "pack
 def compact(timeline: dict[str, Any]) -> dict[str, Any]:
     """What the picture needs of a trace's timeline: the training stream's busy spans (gaps
     under 20 us closed) and the copies, in milliseconds."""
-    busy = {s: sum(b - a for a, b in spans) for s, spans in timeline["kernels"].items()}
-    training = max(busy, key=lambda s: busy[s])
-    spans: list[tuple[float, float]] = []
-    for start, end in sorted(timeline["kernels"][training]):
-        if spans and start <= spans[-1][1] + 20:
-            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
-        else:
-            spans.append((start, end))
+    training = _training_stream(timeline)
+    spans = _merged(timeline["kernels"][training], gap=20.0) if training else []
     return {
         "training": [[round(a / 1e3, 3), round(b / 1e3, 3)] for a, b in spans],
         "copies": [
