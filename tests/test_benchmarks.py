@@ -183,6 +183,10 @@ def test_the_storage_page_sets_decoded_epochs_against_the_lower_limit() -> None:
     assert "| hdd | 10 images/s | 20 images/s | 67 images/s | 3.3x |" in page
     assert "fits in memory" not in page  # no cold-fit cases in this report: no table
     assert "LMDB 125, 200; HDF5 125, 200. Warm and unthrottled, from the page cache: 300" in page
+    # The first epoch took 2.0 s against its limit's 0.8 s (100 images at 125 images/s); one
+    # window is 8 chunks of 2 records of 10 MB (a chunk: 1/64 of the store), 1.3 s at 120 MB/s.
+    assert "beyond its limit (LMDB, HDF5): hdd 1.2, failed." in page
+    assert "8 chunks, 160 MB, read in seconds: hdd 1.3." in page
     report["cold_decode"]["lmdb"] = {"failed": "exit 1"}  # type: ignore[index]
     failed = bench_storage.render(report, "python benchmarks/bench_storage.py")
     assert (
