@@ -85,16 +85,24 @@ def _produce(source: Callable[[], Iterator[T]], shared: _Shared) -> None:
 
 
 def _drain(q: queue.Queue[object]) -> None:
+    """Empties ``q``, waking a producer blocked in put(). Its lock is taken with a time limit:
+    CPython can raise KeyboardInterrupt in the consumer between a Condition's acquire and its
+    with block, which leaves the queue's lock held for good; waiting for it would hang close().
+    The producer, blocked on that lock too, is then left behind (close() warns)."""
+    if not q.mutex.acquire(timeout=_POLL_S):
+        return
     try:
-        while True:
-            q.get_nowait()
-    except queue.Empty:
-        pass
+        q.queue.clear()
+        q.not_full.notify_all()
+    finally:
+        q.mutex.release()
 
 
-def _get(shared: _Shared, thread: threading.Thread) -> object:
+def _get(shared: _Shared, thread: threading.Thread, poll: Callable[[], None] | None) -> object:
     """Consumer-side get; raises RuntimeError if the producer died without a message."""
     while True:
+        if poll is not None:
+            poll()
         try:
             return shared.queue.get(timeout=_POLL_S)
         except queue.Empty:
@@ -149,6 +157,8 @@ class Prefetcher(Generic[T]):
           reference the Prefetcher, or that finalizer can never run.
         * Interrupts: the consumer waits in short slices, so KeyboardInterrupt raised
           while blocked in ``__next__`` propagates promptly; call ``close()`` after.
+          ``poll`` is called before each slice, so a caller that defers its signals
+          (packer.packing.interrupts) can raise them there.
 
     Args:
         source: Zero-argument callable returning the iterator to prefetch from.
@@ -156,6 +166,8 @@ class Prefetcher(Generic[T]):
         name: Name of the producer thread.
         stop: The Event set when the Prefetcher stops (close, finalizer): a source that
             shares it can give up long work early, so that close() need not wait for it.
+        poll: Called by the consumer each time ``__next__`` waits (every 0.1 s while it
+            waits, and once for an item already there); what it raises, ``__next__`` raises.
 
     Raises:
         ValueError: If ``depth`` < 1.
@@ -169,12 +181,14 @@ class Prefetcher(Generic[T]):
         depth: int = 2,
         name: str = "packer-prefetch",
         stop: threading.Event | None = None,
+        poll: Callable[[], None] | None = None,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got depth={depth!r}")
         self._source = source
         self._depth = depth
         self._name = name
+        self._poll = poll
         self._shared = _Shared(depth, stop)
         self._done = False
         # Consumer-side statistics, written by the consuming thread only.
@@ -201,7 +215,7 @@ class Prefetcher(Generic[T]):
         self._fill_sum += shared.queue.qsize()
         t0 = time.perf_counter()
         try:
-            msg = _get(shared, thread)
+            msg = _get(shared, thread, self._poll)
         finally:
             self._wait_s += time.perf_counter() - t0
         if isinstance(msg, _Failure) or msg is _END:

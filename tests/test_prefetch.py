@@ -367,3 +367,54 @@ def test_keyboard_interrupt_while_waiting(baseline: int) -> None:
     t0 = time.monotonic()
     pf.close()
     assert not _alive(name) and time.monotonic() - t0 < 2.0
+
+
+def test_poll_runs_while_waiting_and_what_it_raises_ends_the_wait(baseline: int) -> None:
+    """A consumer that defers its signals raises them from ``poll`` (packer.packing.interrupts)."""
+    name = _name()
+    polls: list[float] = []
+
+    def slow() -> Iterator[int]:
+        while True:
+            time.sleep(1.0)
+            yield 0
+
+    def poll() -> None:
+        polls.append(time.monotonic())
+        if len(polls) == 3:
+            raise KeyboardInterrupt
+
+    pf = Prefetcher(slow, name=name, poll=poll)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        next(pf)
+    assert len(polls) == 3 and time.monotonic() - t0 < 0.6  # did not wait for the 1 s item
+    pf.close()
+    assert _gone(name)
+
+
+def test_close_does_not_hang_on_a_queue_lock_an_interrupt_left_held(
+    baseline: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CPython can raise KeyboardInterrupt between a Condition's acquire and its with block,
+    leaving the queue's lock held by the consumer. Here the consumer holds it, as such a frame
+    left it; close() used to wait for it for ever. It now gives up on the producer (blocked on
+    that lock too) after its join time, with a warning."""
+    monkeypatch.setattr(prefetch, "_JOIN_TIMEOUT_S", 0.2)
+    name = _name()
+    pf = Prefetcher(itertools.count, depth=1, name=name)
+    assert next(pf) == 0
+    time.sleep(0.05)  # the producer fills the queue and waits to put the next item
+    held = pf._shared.queue.mutex
+    held.acquire()
+    closer = threading.Thread(target=pf.close)
+    try:
+        with caplog.at_level(logging.WARNING, logger=prefetch.__name__):
+            closer.start()
+            closer.join(5)
+            assert not closer.is_alive(), "close() waited for the queue's lock"
+        assert any("did not stop" in r.getMessage() for r in caplog.records)
+    finally:
+        held.release()  # the producer gets the lock, sees stop and ends
+    closer.join()
+    assert _gone(name)

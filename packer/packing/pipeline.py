@@ -35,7 +35,7 @@ from packer.about import __version__
 from packer.errors import BadImageError, EmptySourceError, PackerError, ResumeError, StoreError
 from packer.imaging import decode as imaging
 from packer.imaging import headers
-from packer.packing import append
+from packer.packing import append, interrupts
 from packer.packing.file_list import FileList, SourceItem
 from packer.packing.ledger import Ledger, PackIdentity, ShardResult, inputs_digest
 from packer.packing.options import PackOptions
@@ -357,35 +357,37 @@ def _write_here(
     plain JPEGs and PNGs: _plain_sample)."""
     items = FileList.concat([job.items for job in jobs])
     options, root = context.options, context.root
-    # One thread reads and checksums the source bytes and keeps up to _AHEAD_BYTES of
-    # records ready, while this one writes. It, not the writer, keeps the pool's window of
-    # tasks full, so workers never wait for a commit or a fsync.
-    pool: ProcessPoolExecutor | _PoolOnDemand
-    if options.probes_only and _plain_sample(root, items, options):
-        pool = _PoolOnDemand(options)
-        pieces = lambda: _read_and_vouch(root, items, pool, options)  # noqa: E731
-    else:
-        pool = _start_pool(options)
-        pieces = lambda: _read_ahead(  # noqa: E731
-            root, items, _prepared_in_order(pool, root, items, options), options
+    # Ctrl-C and SIGTERM are raised only where the writer waits for records (interrupts).
+    with interrupts.Deferred() as signals:
+        # One thread reads and checksums the source bytes and keeps up to _AHEAD_BYTES of
+        # records ready, while this one writes. It, not the writer, keeps the pool's window of
+        # tasks full, so workers never wait for a commit or a fsync.
+        pool: ProcessPoolExecutor | _PoolOnDemand
+        if options.probes_only and _plain_sample(root, items, options):
+            pool = _PoolOnDemand(options)
+            pieces = lambda: _read_and_vouch(root, items, pool, options)  # noqa: E731
+        else:
+            pool = _start_pool(options)
+            pieces = lambda: _read_ahead(  # noqa: E731
+                root, items, _prepared_in_order(pool, root, items, options), options
+            )
+        ahead: Prefetcher[list[Record | Skipped]] = Prefetcher(
+            pieces, depth=_AHEAD_BYTES // _PIECE_BYTES, name="packer-read", poll=signals.check
         )
-    ahead: Prefetcher[list[Record | Skipped]] = Prefetcher(
-        pieces, depth=_AHEAD_BYTES // _PIECE_BYTES, name="packer-read"
-    )
-    records = itertools.chain.from_iterable(ahead)
-    try:
-        # A finished shard is hashed, synced and recorded (Ledger.finish syncs it) while the
-        # next one is written: the writer never waits for a shard's fsync.
-        with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
-            finishing = []
-            for job in jobs:
-                result = write_shard(job, context, records, step, sync=False)
-                finishing.append((job, hasher.submit(_finish, ledger, job.path, result)))
-            for job, future in finishing:
-                yield job.index, future.result()
-    finally:
-        ahead.close()  # stops and joins the read-ahead thread on an error
-        pool.shutdown(wait=True, cancel_futures=True)
+        records = itertools.chain.from_iterable(ahead)
+        try:
+            # A finished shard is hashed, synced and recorded (Ledger.finish syncs it) while
+            # the next one is written: the writer never waits for a shard's fsync.
+            with ThreadPoolExecutor(1, thread_name_prefix="packer-hash") as hasher:
+                finishing = []
+                for job in jobs:
+                    result = write_shard(job, context, records, step, sync=False)
+                    finishing.append((job, hasher.submit(_finish, ledger, job.path, result)))
+                for job, future in finishing:
+                    yield job.index, future.result()
+        finally:
+            ahead.close()  # stops and joins the read-ahead thread on an error
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _finish(ledger: Ledger, path: Path, result: ShardResult) -> ShardResult:
