@@ -5,7 +5,13 @@ complete and verifies; then it runs the same command again, to be killed again o
 finish. At the end the store must be byte-identical to an uninterrupted pack with the same
 seed, and hold every valid source image exactly once (by sha256 of its bytes).
 
+With ``--signal INT`` (Ctrl-C) or ``TERM``, sent once the pack command has begun (not while
+Python imports it), each interrupted pack must also end by itself within a minute, with exit
+status 130 and a line on stderr that says it was interrupted (never a traceback), unless it
+finished first.
+
     python scripts/kill_pack.py --kills 200 --images 600 --backend lmdb --json
+    python scripts/kill_pack.py --kills 200 --signal INT --json
 """
 
 from __future__ import annotations
@@ -97,16 +103,32 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rng = random.Random(args.seed)
     landed: Counter[str] = Counter()  # where the kills landed
     resumes_with_kept = 0
+    hangs, bad_ends = 0, Counter[str]()
     for kill in range(1, args.kills + 1):
         resume = ["--resume"] if (partial / PACK_PLAN).exists() else []
         resumes_with_kept += bool(resume and list(partial.glob("*.done.json")))
         proc = subprocess.Popen(
             PACKER + ["pack", *command[:1], str(out), *command[1:], *resume],
-            stderr=None if args.verbose else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        time.sleep(rng.uniform(0.2, 1.1) * duration)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        if args.signal == "KILL":
+            time.sleep(rng.uniform(0.2, 1.1) * duration)
+        else:  # once the pack has begun: Python's own start-up is not packer's to handle
+            _wait_until_begun(proc)
+            time.sleep(rng.uniform(0.0, 0.8) * duration)
+        proc.send_signal(getattr(signal, f"SIG{args.signal}"))
+        try:
+            _, err = proc.communicate(timeout=_END_WITHIN_S)
+        except subprocess.TimeoutExpired:
+            hangs += 1
+            proc.kill()
+            _, err = proc.communicate()
+        else:
+            if args.signal != "KILL" and not _ended_well(proc.returncode, err, out.exists()):
+                bad_ends[f"exit {proc.returncode}: {err.strip()[-200:]}"] += 1
+        if args.verbose:
+            sys.stderr.write(err)
         landed[where(out, partial)] += 1
         if out.exists():  # the pack won the race: it must be whole, then it starts again
             if not verifies(out) or shard_hashes(out) != shard_hashes(reference):
@@ -124,8 +146,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "backend": args.backend,
         "images": args.images,
         "shards": args.shards,
+        "signal": f"SIG{args.signal}",
         "kills": args.kills,
         "kills_landed": dict(landed),
+        "hangs": hangs,
+        "bad_ends": dict(bad_ends),
         "resumed_with_kept_shards": resumes_with_kept,
         "identical_to_uninterrupted": shard_hashes(out) == shard_hashes(reference),
         "verifies": verifies(out),
@@ -138,6 +163,34 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
 
 
+_END_WITHIN_S = 60  # an interrupted pack that has not ended by then counts as a hang
+
+
+def _wait_until_begun(proc: subprocess.Popen[str]) -> None:
+    """Until the pack command has begun: it catches SIGTERM from then on (the SigCgt mask in
+    /proc/PID/status, Linux), or has ended. Elsewhere, a second."""
+    status = Path(f"/proc/{proc.pid}/status")
+    deadline = time.monotonic() + _END_WITHIN_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            caught = next(ln for ln in status.read_text().splitlines() if ln.startswith("SigCgt"))
+        except (OSError, StopIteration):
+            time.sleep(1.0)
+            return
+        if int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.005)
+
+
+def _ended_well(returncode: int, err: str, complete: bool) -> bool:
+    """Interrupted: status 130 and a last line saying so (after a resume's notice, if any);
+    or the store was complete first. Never a traceback."""
+    lines = err.strip().splitlines() or [""]
+    if "Traceback" in err:
+        return False
+    return complete or (returncode == 130 and "interrupted: nothing was" in lines[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=50)
@@ -146,6 +199,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--backend", choices=["lmdb", "hdf5"], default="lmdb")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--signal", choices=["KILL", "INT", "TERM"], default="KILL", help="sent to each pack"
+    )
     parser.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--verbose", action="store_true")
@@ -157,16 +213,19 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             result = run(args, Path(tmp))
     lost = result["missing"] + result["duplicated"] + result["unexpected"]
-    ok = result["identical_to_uninterrupted"] and result["verifies"] and not lost
+    ended = not result["hangs"] and not result["bad_ends"]
+    ok = result["identical_to_uninterrupted"] and result["verifies"] and not lost and ended
     if args.json:
         print(json.dumps({**result, "ok": ok}, indent=1))
     else:
         print(
-            f"{result['kills']} SIGKILLs of packer pack ({result['backend']}, {result['images']} "
-            f"images, {result['shards']} shards): {result['resumed_with_kept_shards']} resumes "
-            f"kept finished shards; final store identical to an uninterrupted pack: "
-            f"{result['identical_to_uninterrupted']}; verifies: {result['verifies']}; "
-            f"missing {result['missing']}, duplicated {result['duplicated']}"
+            f"{result['kills']} {result['signal']}s of packer pack ({result['backend']}, "
+            f"{result['images']} images, {result['shards']} shards): "
+            f"{result['resumed_with_kept_shards']} resumes kept finished shards; final store "
+            f"identical to an uninterrupted pack: {result['identical_to_uninterrupted']}; "
+            f"verifies: {result['verifies']}; missing {result['missing']}, duplicated "
+            f"{result['duplicated']}; hangs {result['hangs']}, other ends "
+            f"{sum(result['bad_ends'].values())}"
         )
     sys.exit(0 if ok else 1)
 

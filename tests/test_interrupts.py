@@ -93,3 +93,27 @@ def test_outside_the_main_thread_nothing_changes() -> None:
     thread.start()
     thread.join()
     assert handlers == [signal.default_int_handler]
+
+
+def test_a_process_forked_inside_runs_the_handler_set_before() -> None:
+    """A pack's pool worker is forked inside; its pool stops it with SIGTERM when another
+    worker dies, so there the signal must act as before, not wait for a check never made."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(7)
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        with Deferred():
+            pid = os.fork()
+            if pid == 0:  # the child: ends by the handler, or with 0 if it was only noted
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    _let_handlers_run()
+                    os._exit(0)
+                except SystemExit as e:
+                    os._exit(int(e.code or 0))
+            _, status = os.waitpid(pid, 0)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert os.waitstatus_to_exitcode(status) == 7

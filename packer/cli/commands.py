@@ -246,6 +246,8 @@ def pack_command(
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a kill leaves no store, as Ctrl-C does
     try:
         result = pack(source, output, options, progress=lambda p: line(p.stage, p.done, p.total))
+    except KeyboardInterrupt:  # before any shard was staged (the scan, the plan)
+        raise PackInterrupted(f"interrupted: nothing was written to {output}") from None
     finally:
         line.finish()
         signal.signal(signal.SIGTERM, previous)

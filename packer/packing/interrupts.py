@@ -13,6 +13,7 @@ Ctrl-C twice is not kept waiting on a writer stuck in a long call.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
@@ -36,6 +37,7 @@ class Deferred:
         self._noted: tuple[int, FrameType | None] | None = None
         self._raised = False
         self._left = False
+        self._pid = os.getpid()
 
     def __enter__(self) -> Deferred:
         if threading.current_thread() is threading.main_thread():
@@ -47,12 +49,15 @@ class Deferred:
         return self
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        # At once: a second signal, or one after leaving from a thread that could not put
-        # the handlers back. Once stopping, the clean-up is not interrupted again.
-        if self._left or (self._noted is not None and not self._raised):
-            self._raise(signum, frame)
-        elif not self._raised:
+        if self._left or os.getpid() != self._pid:
+            # Left from a thread that could not put the handlers back, or in a process forked
+            # inside (a pool's worker, which its pool stops with SIGTERM if another dies).
+            self._previous[signum](signum, frame)
+        elif self._noted is None:
             self._noted = (signum, frame)
+        elif not self._raised:  # a second signal before the check: at once
+            self._raise(signum, frame)
+        # Once raised, the clean-up is not interrupted again.
 
     def check(self) -> None:
         """Runs the handler of a signal noted since entering (it raises, as a rule)."""
