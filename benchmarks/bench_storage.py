@@ -30,7 +30,7 @@ Then, for each profile (hdd, nas, cloud), memory capped at half the store:
 Every figure comes from one run, side by side; the table goes to docs/benchmarks/storage.md
 (or --out) with the machine, the command and the date.
 
-    sudo python benchmarks/bench_storage.py                 # ~50 minutes, 12 GB of disk
+    sudo python benchmarks/bench_storage.py                 # ~100 minutes, 24 GB of disk
     sudo python benchmarks/bench_storage.py --quick         # a smaller set, one profile
 """
 
@@ -451,34 +451,40 @@ def render(report: dict[str, Any], command: str) -> str:
 
 
 def _first_epoch_lines(report: dict[str, Any]) -> list[str]:
-    """What the first decoded epoch took beyond its limit, in seconds, beside the time one
-    shuffle window takes to read: a cost paid once a run, whatever the store's size."""
+    """Where the device was the lower limit of a first decoded epoch: the seconds it took
+    beyond that limit, beside the time one shuffle window takes to read, a cost paid once a
+    run whatever the store's size."""
     from packer.reading.options import ReaderOptions, default_chunk_size
 
     mean = report["store_bytes"] / report["photos"]
     chunk = default_chunk_size({"payload_bytes": {"mean": mean}}, report["photos"])
     chunks = ReaderOptions(BATCH).buffer_chunks
     window = chunks * chunk * mean
-    late, reads = [], []
+    late = []
     for profile, rows in report["profiles"].items():
-        beyond = []
         for backend in ("lmdb", "hdf5"):
             decoded, limit = rows[backend]["decoded"], rows[backend]["limit"]
             ceilings = _ceilings(report, backend, limit["seconds"])
-            if "failed" in decoded or ceilings is None:
-                beyond.append("failed")
-                continue
-            beyond.append(f"{decoded['epoch_seconds'][0] - report['photos'] / ceilings[0]:.1f}")
-        late.append(f"{profile} {', '.join(beyond)}")
-        reads.append(f"{profile} {window / (rows['lmdb']['limit']['mb_per_s'] * 1e6):.1f}")
+            device = report["photos"] / limit["seconds"]
+            if "failed" in decoded or ceilings is None or ceilings[0] < device:
+                continue  # failed, or the cores were the lower limit
+            beyond = decoded["epoch_seconds"][0] - limit["seconds"]
+            read = window / (limit["mb_per_s"] * 1e6)
+            late.append(f"{profile} {backend.upper()} {beyond:.1f} s (a window: {read:.1f} s)")
+    if not late:
+        return [
+            "",
+            "In every first decoded epoch of this run the cores, not the device, were the "
+            "lower limit.",
+        ]
     return [
         "",
-        f"The first decoded epoch's seconds beyond its limit (LMDB, HDF5): {'; '.join(late)}. "
-        "A window is shuffled only once it is wholly read, so where the cores decode about as "
-        "fast as the device reads, decoding falls one window behind the device once a run, in "
-        "its first epoch; the epochs after it start on the window read ahead. One window here "
-        f"is {chunks} chunks, {window / 1e6:,.0f} MB, read in seconds: "
-        f"{'; '.join(reads)}. That cost does not grow with the store.",
+        "Where the device was the lower limit, the first decoded epoch's seconds beyond it: "
+        f"{'; '.join(late)}. A window is shuffled only once it is wholly read, so where the "
+        "cores decode about as fast as the device reads, decoding falls one window "
+        f"({chunks} chunks, {window / 1e6:,.0f} MB) behind the device once a run, in its "
+        "first epoch; the epochs after it start on the window read ahead. That cost does not "
+        "grow with the store.",
     ]
 
 
