@@ -116,7 +116,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             time.sleep(rng.uniform(0.2, 1.1) * duration)
         else:  # once the pack has begun: Python's own start-up is not packer's to handle
             _wait_until_begun(proc)
-            time.sleep(rng.uniform(0.0, 0.8) * duration)
+            time.sleep(rng.uniform(0.0, 0.6) * duration)
         proc.send_signal(getattr(signal, f"SIG{args.signal}"))
         try:
             _, err = proc.communicate(timeout=_END_WITHIN_S)
