@@ -4,11 +4,11 @@ when they arrive, raised where the writer holds no lock.
 Python raises KeyboardInterrupt at whatever bytecode the main thread is at. Between the acquire
 of a Python-level lock and its with block (threading.Condition.__enter__, which queue.Queue and
 Future use), that leaves the lock held for good; the clean-up after the interrupt takes the same
-lock and waits for ever, and so does any thread that needs it. An interrupted pack hung that way,
-now and then. Inside ``Deferred`` a signal whose handler is Python's (KeyboardInterrupt for
-Ctrl-C, the CLI's for SIGTERM) is only noted; ``check()``, called where the writer waits for
-records, runs that handler. A second signal before the check runs it at once: a user who presses
-Ctrl-C twice is not kept waiting on a writer stuck in a long call.
+lock and waits for ever, and so does any thread that needs it: an interrupted pack could hang.
+Inside ``Deferred`` a signal whose handler is Python's (KeyboardInterrupt for Ctrl-C, the CLI's
+for SIGTERM) is only noted; ``check()``, called where the writer waits for records, runs that
+handler. A second signal before the check runs it at once: a user who presses Ctrl-C twice is not
+kept waiting on a writer stuck in a long call.
 """
 
 from __future__ import annotations
