@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -20,16 +21,22 @@ from packer.store.staging import partial_path
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kill_pack.py"
 
 
-def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path, backend: str) -> None:
+def _kill_pack(workdir: Path, *args: str) -> dict[str, Any]:
+    """scripts/kill_pack.py's report of a run in ``workdir``; it must pass its own checks."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--kills", "6", "--images", "200", "--backend", backend]
-        + ["--workdir", str(tmp_path), "--json", "--seed", "3"],
+        [sys.executable, str(SCRIPT), *args, "--images", "200", "--workdir", str(workdir)]
+        + ["--json"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path, backend: str) -> None:
+    report = _kill_pack(tmp_path, "--kills", "6", "--backend", backend, "--seed", "3")
     assert report["ok"] and report["identical_to_uninterrupted"] and report["verifies"]
     assert report["missing"] == report["duplicated"] == report["unexpected"] == 0
     assert sum(report["kills_landed"].values()) == 6
@@ -57,17 +64,9 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path, backend: str) -
 def test_ctrl_c_and_sigterm_at_random_moments_end_the_pack_cleanly(
     tmp_path: Path, sig: str
 ) -> None:
-    """Each interrupted pack ends by itself with status 130 and a one-line message (a pack
-    once hung on a lock the interrupt left held), and the resumed store is whole."""
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--kills", "4", "--images", "200", "--signal", sig]
-        + ["--workdir", str(tmp_path), "--json", "--seed", "5"],
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
+    """Each interrupted pack ends by itself with status 130 and a one-line message (it could
+    hang on a lock the interrupt left held), and the resumed store is whole."""
+    report = _kill_pack(tmp_path, "--kills", "4", "--signal", sig, "--seed", "5")
     assert report["signal"] == f"SIG{sig}" and report["hangs"] == 0 and report["bad_ends"] == {}
     assert report["identical_to_uninterrupted"] and report["verifies"]
     assert report["missing"] == report["duplicated"] == report["unexpected"] == 0
