@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -163,6 +164,34 @@ def test_interrupted_pack_leaves_no_store(
     assert proc.returncode == 130
     assert f"interrupted: nothing was written to {out}" in err
     assert not out.exists() and not partial.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a named pipe")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_before_any_shard_ends_with_the_same_line(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Interrupted while it reads its labels (a named pipe nobody writes: the pack waits
+    there, before any shard): one line and status 130, as later in a pack; click printed
+    "Aborted!" with status 1."""
+    for i in range(3):
+        write_image(tmp_path / "src" / "a" / f"{i}.png", size=(32, 32), seed=i)
+    labels, out = tmp_path / "labels.csv", tmp_path / "o.lmdb"
+    os.mkfifo(labels)
+    command = [sys.executable, "-m", "packer", "pack", str(tmp_path / "src"), str(out)]
+    proc = subprocess.Popen(
+        [*command, "--labels", str(labels)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.0)  # started, and waiting for the pipe
+    assert proc.poll() is None, "the pack ended before it could be interrupted"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err == f"packer: interrupted: nothing was written to {out}\n"
+    assert not out.exists() and not (tmp_path / "o.lmdb.partial").exists()
 
 
 def test_a_killed_pack_resumes_with_the_same_command(slow_source: Path, tmp_path: Path) -> None:
