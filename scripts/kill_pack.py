@@ -92,12 +92,17 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     source, out = work / "images", work / f"out.{'lmdb' if args.backend == 'lmdb' else 'h5'}"
     partial = out.with_name(out.name + ".partial")
     valid = make_source(source, args.images, args.seed)
-    command = [str(source), "--seed", str(args.seed), "--shards", str(args.shards), "-q"]
-    command += ["--workers", str(args.workers)]
+    options = ["--seed", str(args.seed), "--shards", str(args.shards), "-q"]
+    options += ["--workers", str(args.workers)]
+
+    def packing(store: Path) -> list[str]:
+        """The pack command into ``store``; with --resume where a plan is left to resume."""
+        resume = ["--resume"] if store == out and (partial / PACK_PLAN).exists() else []
+        return PACKER + ["pack", str(source), str(store), *options, *resume]
 
     started = time.perf_counter()
     reference = work / ("reference" + out.suffix)
-    subprocess.run(PACKER + ["pack", *command[:1], str(reference), *command[1:]], check=True)
+    subprocess.run(packing(reference), check=True)
     duration = time.perf_counter() - started
 
     rng = random.Random(args.seed)
@@ -105,13 +110,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     resumes_with_kept = 0
     hangs, bad_ends = 0, Counter[str]()
     for kill in range(1, args.kills + 1):
-        resume = ["--resume"] if (partial / PACK_PLAN).exists() else []
-        resumes_with_kept += bool(resume and list(partial.glob("*.done.json")))
-        proc = subprocess.Popen(
-            PACKER + ["pack", *command[:1], str(out), *command[1:], *resume],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        command = packing(out)
+        resumes_with_kept += bool("--resume" in command and list(partial.glob("*.done.json")))
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         if args.signal == "KILL":
             time.sleep(rng.uniform(0.2, 1.1) * duration)
         else:  # once the pack has begun: Python's own start-up is not packer's to handle
@@ -136,10 +137,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             shutil.rmtree(out)
         if args.verbose:
             print(f"kill {kill}: {sorted(p.name for p in partial.glob('*'))}")
-    resume = ["--resume"] if (partial / PACK_PLAN).exists() else []
-    subprocess.run(
-        PACKER + ["pack", *command[:1], str(out), *command[1:], *resume], check=True, timeout=600
-    )
+    subprocess.run(packing(out), check=True, timeout=600)
 
     packed = record_hashes(out)
     return {
