@@ -18,7 +18,8 @@ channels-last, batches of 256, 224 x 224:
                   workers
   nvjpeg          the store's JPEG bytes decoded on the GPU (torchvision.io.decode_jpeg) and
                   resized there, by a thread and a stream of its own
-  hybrid          half the store through nvjpeg, half through packer on the CPUs
+  hybrid          nvjpeg with cpu_workers: CPU processes decode beside nvJPEG, each batch
+                  going to whichever side is free
   decode limit    each loader alone, batches copied to the GPU, no training: how fast the
                   CPUs (or nvJPEG) feed it
   trace           a torch.profiler trace of a few ResNet-50 steps fed by packer: does each
@@ -46,6 +47,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -346,17 +348,24 @@ class PackerWorkersLoader(Loader):
 class NvjpegLoader(Loader):
     """The store's JPEG bytes (decode=False), decoded on the GPU by nvJPEG in batches and
     brought to 224 x 224 there (packer.gpu_decode.decode_on_gpu: a thread and a stream of its
-    own, a few batches ahead): the CPUs only read."""
+    own, a few batches ahead): the CPUs only read, or with ``cpu_workers`` decode beside it."""
 
-    def __init__(self, store: Path, **options: Any) -> None:
+    def __init__(self, store: Path, cpu_workers: int = 0) -> None:
         from packer import open_reader
 
-        self.reader = open_reader(store, **every_reader(), decode=False, workers=4, **options)
+        self.reader = open_reader(store, **every_reader(), decode=False, workers=4)
+        self.cpu_workers = cpu_workers
+        self.split = {"device": 0, "cpu_workers": 0}  # batches each side decoded, all epochs
 
     def batches(self, epoch: int) -> Iterator[Any]:
         from packer.gpu_decode import decode_on_gpu
 
-        return decode_on_gpu(self.reader.epoch(epoch), (SIZE, SIZE), device=DEVICE)
+        decoded = decode_on_gpu(
+            self.reader.epoch(epoch), (SIZE, SIZE), device=DEVICE, cpu_workers=self.cpu_workers
+        )
+        yield from decoded
+        for side, count in decoded.decoded_on.items():
+            self.split[side] += count
 
     def close(self) -> None:
         self.reader.close()
@@ -373,50 +382,8 @@ def measure(make: Callable[[], Loader], epochs: int, trainer: Trainer | None) ->
         rows = run_epochs(loader.batches, epochs, trainer, loader.stats)
     finally:
         loader.close()
-    return {"open_s": round(opened, 2), "epochs": rows}
-
-
-class HybridLoader(Loader):
-    """Both decoders at once: the store split in two as two ranks are (each record once),
-    one half decoded on the GPU (NvjpegLoader), the other by packer's reader on the CPUs; the
-    loop takes whichever batch is ready first."""
-
-    def __init__(self, store: Path) -> None:
-        halves = {"world_size": 2}
-        self.parts: list[Loader] = [
-            NvjpegLoader(store, rank=0, **halves),
-            PackerLoader(store, size=(SIZE, SIZE), rank=1, **halves),
-        ]
-
-    def batches(self, epoch: int) -> Iterator[Any]:
-        import queue
-        import threading
-
-        ready: queue.Queue[Any] = queue.Queue(maxsize=4)
-
-        def feed(part: Loader) -> None:
-            try:
-                for batch in part.batches(epoch):
-                    ready.put(batch)
-                ready.put(None)
-            except BaseException as e:  # the loop must learn of it, not wait forever
-                ready.put(e)
-
-        for part in self.parts:
-            threading.Thread(target=feed, args=(part,), daemon=True).start()
-        running = len(self.parts)
-        while running:
-            item = ready.get()
-            if item is None:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-
-    def close(self) -> None:
-        for part in self.parts:
-            part.close()
+    split = getattr(loader, "split", None)
+    return {"open_s": round(opened, 2), "epochs": rows} | ({"decoded_on": split} if split else {})
 
 
 def loaders(folder: Path, store: Path, cores: int) -> dict[str, Callable[[], Loader]]:
@@ -427,8 +394,14 @@ def loaders(folder: Path, store: Path, cores: int) -> dict[str, Callable[[], Loa
         "dataloader": lambda: FolderLoader(folder, cores),
         "packer-workers": lambda: PackerWorkersLoader(store, cores),
         "nvjpeg": lambda: NvjpegLoader(store),
-        "hybrid": lambda: HybridLoader(store),
+        "hybrid": lambda: NvjpegLoader(store, cpu_workers=hybrid_workers(cores)),
     }
+
+
+def hybrid_workers(cores: int) -> int:
+    """CPU decode processes beside nvJPEG: the cores but those the training loop, the GPU's
+    decode thread and the reader's threads keep busy."""
+    return max(1, cores - 4)
 
 
 def trace_steps(store: Path, out: Path, classes: int) -> dict[str, Any]:
@@ -570,26 +543,42 @@ def run(args: argparse.Namespace) -> None:
     results.put("data", data)
     cores = os.cpu_count() or 1
     ways = loaders(folder, store, cores)
-    for model in MODELS:
-        trainer = Trainer(model, classes=10)
-        results.put(f"{model}/limit", round(trainer.limit()))
-        for name, make in ways.items():
-            if time.monotonic() > deadline:
-                return
-            if model == "resnet18" and name == "packer-threads":
-                continue  # shown once, on ResNet-50: the case the default used to be
-            results.put(f"{model}/{name}", measure(make, args.epochs, trainer))
-        if model == "resnet50":  # the loaders alone, once, and the trace
-            fewer = lambda: PackerLoader(  # noqa: E731
-                store, size=(SIZE, SIZE), decode_in="threads", workers=cores // 2
-            )
-            for name, make in [*ways.items(), ("packer-threads-half", fewer)]:
-                results.put(f"decode/{name}", measure(make, args.epochs, None))
-            results.put("trace", trace_steps(store, out, classes=10))
-        del trainer
-        if DEVICE == "cuda":
-            torch.cuda.empty_cache()
-    results.put("train_example", train_example(args.workdir, cores, seconds=60))
+    fewer = lambda: PackerLoader(  # noqa: E731
+        store, size=(SIZE, SIZE), decode_in="threads", workers=cores // 2
+    )
+    ways_alone = {**ways, "packer-threads-half": fewer}
+    trainers: dict[str, Trainer] = {}
+
+    def trained(model: str, name: str) -> Callable[[], Any]:
+        def case() -> Any:
+            if model not in trainers:  # each model built and its limit measured once
+                trainers[model] = Trainer(model, classes=10)
+                results.put(f"{model}/limit", round(trainers[model].limit()))
+            return measure(ways[name], args.epochs, trainers[model])
+
+        return case
+
+    # The comparison that decides the goals first, side by side for both models; then the
+    # loaders alone, the other variants, the trace and the example, as the budget allows.
+    first, then = ("packer", "dataloader", "nvjpeg", "hybrid"), ("packer-augment", "packer-workers")
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        *((f"{m}/{n}", trained(m, n)) for m in MODELS for n in first),
+        *((f"decode/{n}", partial(measure, ways[n], args.epochs, None)) for n in first),
+        *((f"{m}/{n}", trained(m, n)) for m in MODELS for n in then),
+        ("resnet50/packer-threads", trained("resnet50", "packer-threads")),
+        *(
+            (f"decode/{n}", partial(measure, ways_alone[n], args.epochs, None))
+            for n in ways_alone
+            if n not in first
+        ),
+        ("trace", lambda: trace_steps(store, out, classes=10)),
+        ("train_example", lambda: train_example(args.workdir, cores, seconds=60)),
+    ]
+    for key, step in steps:
+        if time.monotonic() > deadline:
+            print(f"budget spent: {key} and what follows not run", flush=True)
+            return
+        results.put(key, step())
 
 
 # -- the page ----------------------------------------------------------------------------
@@ -602,7 +591,7 @@ NAMES = {
     "dataloader": "DataLoader over the folder, crop + flip",
     "packer-workers": "packer's TorchDataset in DataLoader workers, crop + flip",
     "nvjpeg": "nvJPEG on the GPU (torchvision), `size` 224",
-    "hybrid": "half nvJPEG, half packer on the CPUs",
+    "hybrid": "nvJPEG and CPU workers together (`cpu_workers=`)",
 }
 CPU_LOADERS = ("packer", "packer-threads", "packer-augment", "dataloader", "packer-workers")
 

@@ -15,26 +15,38 @@ that is not a JPEG (a PNG in a mixed store, raw pixels) is decoded on the CPU as
 decodes it, then copied up, and so is a JPEG nvJPEG refuses (CMYK, say). Each image is then
 brought to ``size`` as the reader's ``fit`` does ("crop": the centre at the target's aspect
 ratio; "stretch"), antialiased bilinear.
+
+Where neither the device nor the cores alone decode as fast as the GPU trains, both can:
+``cpu_workers=N`` has N processes decode batches as the reader would, beside the device, each
+batch going to whichever side is free, in order.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import threading
 import warnings
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
 
 from packer.about import require_torch
-from packer.errors import CorruptRecordError, UsageError
-from packer.imaging.decode import decode_array
-from packer.imaging.resizing import centre_box
+from packer.errors import CorruptRecordError, PackerError, UsageError
+from packer.imaging.decode import decode_array, decode_resized
+from packer.imaging.resizing import centre_box, resize
+from packer.lifeline import die_with_parent
 from packer.prefetch import Prefetcher
+from packer.reading.decode_procs import end_pool, start_pool
 
 torch = require_torch("packer.gpu_decode")
 
-__all__ = ["decode_on_gpu"]
+__all__ = ["decode_on_gpu", "GpuDecoded"]
 
 _JPEG = b"\xff\xd8\xff"  # every JPEG starts so: the start-of-image marker, then a segment
 _FITS = ("crop", "stretch")
@@ -47,18 +59,27 @@ def decode_on_gpu(
     fit: str = "crop",
     device: str = "cuda",
     ahead: int = 3,
-) -> Iterator[tuple[Any, ...]]:
+    cpu_workers: int = 0,
+) -> GpuDecoded:
     """Each batch of encoded records, decoded on ``device`` and brought to ``size``.
 
     ``batches``: a reader's epoch with ``decode=False`` (``reader.epoch(e)``); with
     ``with_paths=True`` the paths come along, and name a record that does not decode.
     Yields ``(images, labels[, paths])``: images uint8 N x H x W x 3 on ``device``, labels a
-    tensor there. ``device="cpu"`` decodes with torchvision on the CPU (in the same thread
-    ahead of the loop, without streams).
+    tensor there, in the order the batches came. ``device="cpu"`` decodes with torchvision on
+    the CPU (in the same thread ahead of the loop, without streams).
+
+    ``cpu_workers``: also decode on this many CPU processes, as the reader decodes (the same
+    pixels as ``open_reader(size=...)``). Each batch goes to whichever side is free: the
+    processes keep two batches under way and the device decodes the rest, so neither waits
+    for the other; ``decoded_on`` counts what each side decoded. Where the GPU also trains,
+    its decoding takes time from the training step, so this pays where the step leaves the
+    GPU idle, waiting for data.
 
     Raises:
-        UsageError: torchvision is missing, ``size``, ``fit`` or ``ahead`` cannot work, or the
-            batches hold decoded images (a reader without ``decode=False``).
+        UsageError: torchvision is missing, ``size``, ``fit``, ``ahead`` or ``cpu_workers``
+            cannot work, or the batches hold decoded images (a reader without
+            ``decode=False``).
         CorruptRecordError: a record does not decode; the loop stops there.
     """
     try:
@@ -72,6 +93,8 @@ def decode_on_gpu(
         raise UsageError(f"decode_on_gpu: fit must be one of {', '.join(_FITS)}, not {fit!r}")
     if ahead < 1:
         raise UsageError(f"decode_on_gpu: ahead must be at least 1, not {ahead}")
+    if not (isinstance(cpu_workers, int) and cpu_workers >= 0):
+        raise UsageError(f"decode_on_gpu: cpu_workers must be 0 or more, not {cpu_workers!r}")
     target = torch.device(device)
 
     def fitted(image: Any) -> Any:
@@ -106,13 +129,6 @@ def decode_on_gpu(
 
     def decoded(batch: tuple[Any, ...], number: int) -> tuple[Any, ...]:
         payloads, labels, paths = batch[0], batch[1], batch[2] if len(batch) > 2 else None
-        if not isinstance(payloads, list) or not all(
-            isinstance(p, (bytes, np.ndarray)) for p in payloads
-        ):
-            raise UsageError(
-                "decode_on_gpu takes a reader's encoded records (a list of each record's "
-                "bytes, as a store of encoded images gives them): open it with decode=False"
-            )
         jpegs = [i for i, p in enumerate(payloads) if isinstance(p, bytes) and p[:3] == _JPEG]
         with warnings.catch_warnings():  # the bytes are read-only; nvJPEG only reads them
             warnings.simplefilter("ignore", UserWarning)
@@ -137,7 +153,8 @@ def decode_on_gpu(
         labels = torch.as_tensor(labels).to(target, non_blocking=True)
         return (stacked.contiguous(), labels) + (() if paths is None else (paths,))
 
-    return _ahead(batches, decoded, target, ahead)
+    cpu = _CpuDecoder(cpu_workers, size, fit) if cpu_workers else None
+    return GpuDecoded(batches, decoded, target, ahead, cpu)
 
 
 def _undecodable(number: int, i: int, paths: Any, reason: str) -> CorruptRecordError:
@@ -147,21 +164,77 @@ def _undecodable(number: int, i: int, paths: Any, reason: str) -> CorruptRecordE
     )
 
 
-def _ahead(batches: Iterable[Any], decoded: Any, target: Any, ahead: int) -> Iterator[Any]:
-    """``decoded(batch, number)`` of each batch, made by a Prefetcher's thread (on a CUDA
-    device, on a stream of its own) up to ``ahead`` batches ahead of the loop."""
+class GpuDecoded(Iterator[tuple[Any, ...]]):
+    """decode_on_gpu's batches, decoded a few ahead of the loop by a thread of its own (on a
+    CUDA device, on a stream of its own). ``decoded_on``: how many batches so far the device
+    and the CPU workers decoded, ``{"device": n, "cpu_workers": m}``."""
+
+    def __init__(
+        self,
+        batches: Iterable[tuple[Any, ...]],
+        decoded: Callable[[tuple[Any, ...], int], tuple[Any, ...]],
+        target: Any,
+        ahead: int,
+        cpu: _CpuDecoder | None,
+    ) -> None:
+        self.decoded_on = {"device": 0, "cpu_workers": 0}
+        # Its frame must not hold self: a loop left early drops this object, and with it
+        # the generator, whose close ends the thread and the workers.
+        self._batches = _delivered(batches, decoded, target, ahead, cpu, self.decoded_on)
+
+    def __next__(self) -> tuple[Any, ...]:
+        return next(self._batches)
+
+    def close(self) -> None:
+        """Stop decoding now (the thread, the CPU workers, the reader's epoch)."""
+        self._batches.close()
+
+
+def _delivered(
+    batches: Iterable[tuple[Any, ...]],
+    decoded: Callable[[tuple[Any, ...], int], tuple[Any, ...]],
+    target: Any,
+    ahead: int,
+    cpu: _CpuDecoder | None,
+    decoded_on: dict[str, int],
+) -> Generator[tuple[Any, ...], None, None]:
     stream = torch.cuda.Stream(target) if target.type == "cuda" else None
 
-    def produce() -> Iterator[tuple[Any, Any]]:
+    def on_stream(done: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+        finished = torch.cuda.Event() if stream else None
+        if finished is not None:
+            finished.record(stream)
+        return done, finished
+
+    def produce() -> Iterator[tuple[tuple[Any, ...], Any]]:
+        # In batch order: a batch the device decoded (with its event), or one under way
+        # in the CPU workers. Bounded, so a slow worker cannot pile up decoded batches.
+        waiting: deque[Any] = deque()
+        most = ahead + _CPU_BATCHES
+
+        def settled(item: Any) -> tuple[tuple[Any, ...], Any]:
+            if isinstance(item, _CpuJob):
+                decoded_on["cpu_workers"] += 1
+                return on_stream(item.result(target))
+            decoded_on["device"] += 1
+            return item
+
         try:
             with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
                 for number, batch in enumerate(batches):
-                    done = decoded(batch, number)
-                    finished = torch.cuda.Event() if stream else None
-                    if finished is not None:
-                        finished.record(stream)
-                    yield done, finished
+                    _check_encoded(batch)
+                    under_way = sum(isinstance(w, _CpuJob) and not w.done() for w in waiting)
+                    if cpu is not None and under_way < _CPU_BATCHES:
+                        waiting.append(cpu.submit(batch, number))
+                    else:
+                        waiting.append(on_stream(decoded(batch, number)))
+                    while waiting and (len(waiting) >= most or _ready(waiting[0])):
+                        yield settled(waiting.popleft())
+                while waiting:
+                    yield settled(waiting.popleft())
         finally:
+            if cpu is not None:
+                cpu.close()
             close = getattr(batches, "close", None)
             if close is not None:  # a reader's epoch: stop its work now
                 close()
@@ -174,3 +247,111 @@ def _ahead(batches: Iterable[Any], decoded: Any, target: Any, ahead: int) -> Ite
                 for tensor in done[:2]:
                     tensor.record_stream(current)
             yield done
+
+
+# Batches the CPU workers have under way at once: one decoding, the next queued behind it,
+# so that the workers never wait while the thread hands the device a batch.
+_CPU_BATCHES = 2
+
+
+def _ready(item: Any) -> bool:
+    return not isinstance(item, _CpuJob) or item.done()
+
+
+def _check_encoded(batch: tuple[Any, ...]) -> None:
+    payloads = batch[0]
+    if not isinstance(payloads, list) or not all(
+        isinstance(p, (bytes, np.ndarray)) for p in payloads
+    ):
+        raise UsageError(
+            "decode_on_gpu takes a reader's encoded records (a list of each record's "
+            "bytes, as a store of encoded images gives them): open it with decode=False"
+        )
+
+
+class _CpuDecoder:
+    """Worker processes that decode a batch in parts, each part in one worker, as the reader
+    decodes (``packer.reading.decode_procs``' pool). Started on the first batch, by the
+    thread that decodes ahead."""
+
+    def __init__(self, workers: int, size: tuple[int, int], fit: str) -> None:
+        self.workers, self.size, self.fit = workers, size, fit
+        self._pool: ProcessPoolExecutor | None = None
+
+    def submit(self, batch: tuple[Any, ...], number: int) -> _CpuJob:
+        if self._pool is None:
+            kernel = threading.current_thread() is threading.main_thread()
+            self._pool = start_pool(self.workers, _init_cpu_worker, (os.getpid(), kernel))
+        payloads = batch[0]
+        bounds = np.linspace(0, len(payloads), min(self.workers, len(payloads)) + 1).astype(int)
+        parts = [
+            self._pool.submit(_decode_part, payloads[start:end], self.size, self.fit)
+            for start, end in zip(bounds[:-1], bounds[1:])
+        ]
+        return _CpuJob(parts, bounds[:-1].tolist(), batch, number, self.size)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            end_pool(self._pool)
+
+
+class _CpuJob:
+    """One batch under way in the CPU workers."""
+
+    def __init__(
+        self,
+        parts: list[Future[Any]],
+        starts: list[int],
+        batch: tuple[Any, ...],
+        number: int,
+        size: tuple[int, int],
+    ) -> None:
+        self.parts, self.starts, self.batch, self.number = parts, starts, batch, number
+        self.size = size
+
+    def done(self) -> bool:
+        return all(part.done() for part in self.parts)
+
+    def result(self, target: Any) -> tuple[Any, ...]:
+        """The batch as the device side gives it: images and labels on ``target``."""
+        labels, paths = self.batch[1], self.batch[2] if len(self.batch) > 2 else None
+        # The parts land in pinned memory, so that the copy up runs beside the decoding.
+        shape = (len(self.batch[0]), *self.size, 3)
+        images = torch.empty(shape, dtype=torch.uint8, pin_memory=target.type == "cuda")
+        landed = images.numpy()
+        for start, part in zip(self.starts, self.parts):
+            try:
+                got = part.result()
+            except BrokenProcessPool:
+                raise PackerError(
+                    f"decode_on_gpu: a CPU decode worker died in batch {self.number} "
+                    "(killed, or out of memory)"
+                ) from None
+            if isinstance(got, tuple):  # (the record's place in the part, why it failed)
+                raise _undecodable(self.number, start + got[0], paths, got[1])
+            landed[start : start + len(got)] = got
+        labels = torch.as_tensor(labels).to(target, non_blocking=True)
+        return (images.to(target, non_blocking=True), labels) + (() if paths is None else (paths,))
+
+
+def _init_cpu_worker(parent: int, kernel: bool) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's
+    die_with_parent(parent, kernel)
+
+
+def _decode_part(
+    payloads: list[Any], size: tuple[int, int], fit: str
+) -> np.ndarray | tuple[int, str]:
+    """In a worker: the payloads decoded upright in RGB and brought to ``size`` as the reader
+    brings them, as one N x H x W x 3 array; else the first one that failed, and why."""
+    images = np.empty((len(payloads), *size, 3), np.uint8)
+    for i, payload in enumerate(payloads):
+        try:
+            if isinstance(payload, np.ndarray):  # raw pixels, as the store keeps them
+                pixels = payload if payload.shape[2] == 3 else np.repeat(payload, 3, axis=2)
+                images[i] = resize(pixels, size=size, fit=fit)
+            else:
+                images[i] = decode_resized(payload, "RGB", size=size, fit=fit)
+        except Exception as e:
+            return i, f"{type(e).__name__}: {e}"
+    return images

@@ -4,6 +4,10 @@ same thread ahead of the loop), on the GPU where there is one; skipped without t
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -16,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision", reason="decode_on_gpu needs torchvision; not installed here")
 
 from packer import PackOptions, open_reader, pack  # noqa: E402
-from packer.errors import CorruptRecordError, UsageError  # noqa: E402
+from packer.errors import CorruptRecordError, PackerError, UsageError  # noqa: E402
 from packer.gpu_decode import decode_on_gpu  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -92,9 +96,10 @@ def test_decoded_batches_and_impossible_options_are_refused_in_one_line(store: P
     decoded = open_reader(store, batch_size=4, size=(8, 8))  # decoded: one array a batch
     with decoded, pytest.raises(UsageError, match="open it with decode=False"):
         list(decode_on_gpu(decoded.epoch(0), SIZE, device="cpu"))
-    for size, fit, ahead in [((0, 4), "crop", 1), (SIZE, "pad", 1), (SIZE, "crop", 0)]:
+    impossible = [((0, 4), "crop", 1, 0), (SIZE, "pad", 1, 0), (SIZE, "crop", 0, 0)]
+    for size, fit, ahead, workers in [*impossible, (SIZE, "crop", 1, -1)]:
         with pytest.raises(UsageError, match="decode_on_gpu: "):  # at the call, not later
-            decode_on_gpu([], size, fit=fit, ahead=ahead, device="cpu")
+            decode_on_gpu([], size, fit=fit, ahead=ahead, device="cpu", cpu_workers=workers)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -117,3 +122,65 @@ def test_an_error_in_the_records_reaches_the_loop_not_a_thread() -> None:
     with pytest.raises(CorruptRecordError, match=r"\(x.bin\): does not decode"):
         list(decode_on_gpu(batches, SIZE, device="cpu"))
     assert "packer-gpu-decode" not in [t.name for t in threading.enumerate()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cpu_workers_decode_beside_the_device_and_batches_keep_their_order(
+    store: Path, device: str
+) -> None:
+    """With cpu_workers, the first two batches go to the workers (none is under way yet):
+    each of those is the reader's own batch to the pixel, the rest within the device's
+    couple of levels, and every batch comes in the reader's order."""
+    expected = _cpu_batches(store, "crop")
+    with open_reader(store, batch_size=5, seed=3, with_paths=True, decode=False) as reader:
+        decoded = decode_on_gpu(reader.epoch(1), SIZE, device=device, cpu_workers=2)
+        got = list(decoded)
+    assert [paths for _, _, paths in got] == [paths for _, _, paths in expected]
+    on_workers = decoded.decoded_on["cpu_workers"]
+    assert on_workers >= 2 and on_workers + decoded.decoded_on["device"] == len(expected)
+    exact = 0
+    for (images, labels, _), (want, want_labels, _) in zip(got, expected):
+        assert images.device.type == device and images.shape == want.shape
+        np.testing.assert_array_equal(labels.cpu().numpy(), want_labels)
+        pixels = images.cpu().numpy()
+        exact += np.array_equal(pixels, want)
+        assert np.abs(pixels.astype(int) - want.astype(int)).mean() < 2.5
+    assert exact >= on_workers
+
+
+def test_a_record_the_cpu_workers_cannot_decode_is_named_and_no_worker_is_left() -> None:
+    good = encoded(_smooth(40, 30, 1), "JPEG")
+    batches = [
+        ([good, good], np.array([0, 1]), ["a.jpg", "b.jpg"]),
+        ([good, good, good[: len(good) // 3]], np.array([0, 1, 0]), ["c", "d", "cut.jpg"]),
+    ]
+    with pytest.raises(
+        CorruptRecordError, match=r"record 2 in batch 1 \(cut.jpg\): does not decode"
+    ):
+        list(decode_on_gpu(batches, SIZE, device="cpu", cpu_workers=2))
+    assert multiprocessing.active_children() == []
+    assert "packer-gpu-decode" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_loop_that_stops_early_ends_the_cpu_workers(store: Path) -> None:
+    with open_reader(store, batch_size=2, decode=False) as reader:
+        decoded = decode_on_gpu(reader.epoch(0), SIZE, device="cpu", cpu_workers=3)
+        images, _ = next(decoded)
+        assert images.shape == (2, *SIZE, 3)
+        assert len(multiprocessing.active_children()) == 3
+        decoded.close()
+        assert multiprocessing.active_children() == []
+        assert list(reader.epoch(0))  # the reader reads on
+
+
+def test_a_killed_cpu_worker_is_reported_in_one_line() -> None:
+    """A worker killed mid-epoch (the OOM killer, say): the loop learns of it, nothing hangs."""
+    good = encoded(_smooth(400, 300, 1), "JPEG")
+    batches = ([good] * 64, np.zeros(64, np.int64), None)
+    decoded = decode_on_gpu(itertools.repeat(batches, 50), SIZE, device="cpu", cpu_workers=2)
+    next(decoded)
+    os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+    with pytest.raises(PackerError, match="a CPU decode worker died in batch"):
+        for _ in decoded:
+            pass
+    assert multiprocessing.active_children() == []
