@@ -205,7 +205,7 @@ def run_epochs(
     rows = []
     for epoch in range(epochs):
         sync()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         waited, images = 0.0, 0
         iterator = iter(batches(epoch))
         while True:
@@ -227,6 +227,8 @@ def run_epochs(
             "seconds": round(seconds, 2),
             "images_per_s": round(images / seconds),
             "wait_share": round(waited / seconds, 4),
+            # this process's threads, not its children: the host's share of GPU decoding
+            "cpu_s": round(time.process_time() - cpu_started, 2),
         }
         if stats is not None:
             row["reader_wait_share"] = stats()["wait_share"]
@@ -394,14 +396,14 @@ def loaders(folder: Path, store: Path, cores: int) -> dict[str, Callable[[], Loa
         "dataloader": lambda: FolderLoader(folder, cores),
         "packer-workers": lambda: PackerWorkersLoader(store, cores),
         "nvjpeg": lambda: NvjpegLoader(store),
-        "hybrid": lambda: NvjpegLoader(store, cpu_workers=hybrid_workers(cores)),
+        "hybrid": lambda: NvjpegLoader(store, cpu_workers=max(1, cores - 4)),
+        **{f"hybrid-{n}": partial(NvjpegLoader, store, cpu_workers=n) for n in HYBRID_WORKERS},
     }
 
 
-def hybrid_workers(cores: int) -> int:
-    """CPU decode processes beside nvJPEG: the cores but those the training loop, the GPU's
-    decode thread and the reader's threads keep busy."""
-    return max(1, cores - 4)
+# cpu_workers beside nvJPEG that --cases can name (hybrid-N); "hybrid" leaves the training
+# loop, the GPU's decode thread and the reader's threads four cores.
+HYBRID_WORKERS = (1, 2, 4, 8)
 
 
 def trace_steps(store: Path, out: Path, classes: int) -> dict[str, Any]:
@@ -574,6 +576,13 @@ def run(args: argparse.Namespace) -> None:
         ("trace", lambda: trace_steps(store, out, classes=10)),
         ("train_example", lambda: train_example(args.workdir, cores, seconds=60)),
     ]
+    if args.cases:  # just these, in this order
+        model_steps = {f"{m}/{n}": trained(m, n) for m in MODELS for n in ways}
+        alone = {
+            f"decode/{n}": partial(measure, ways_alone[n], args.epochs, None) for n in ways_alone
+        }
+        chosen = {**dict(steps), **model_steps, **alone}
+        steps = [(key, chosen[key]) for key in args.cases.split(",")]
     for key, step in steps:
         if time.monotonic() > deadline:
             print(f"budget spent: {key} and what follows not run", flush=True)
@@ -907,6 +916,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--photos", type=int, default=20_000)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--budget-s", type=int, default=420, help="start no case after this")
+    parser.add_argument(
+        "--cases", help="only these, comma-separated: resnet18/hybrid-4,decode/nvjpeg,trace,..."
+    )
     parser.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke run, no figures"
     )

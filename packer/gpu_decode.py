@@ -24,6 +24,7 @@ batch going to whichever side is free, in order.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import threading
@@ -39,6 +40,7 @@ import numpy as np
 from packer.about import require_torch
 from packer.errors import CorruptRecordError, PackerError, UsageError
 from packer.imaging.decode import decode_array, decode_resized
+from packer.imaging.headers import exif_orientation
 from packer.imaging.resizing import centre_box, resize
 from packer.lifeline import die_with_parent
 from packer.prefetch import Prefetcher
@@ -70,11 +72,11 @@ def decode_on_gpu(
     the CPU (in the same thread ahead of the loop, without streams).
 
     ``cpu_workers``: also decode on this many CPU processes, as the reader decodes (the same
-    pixels as ``open_reader(size=...)``). Each batch goes to whichever side is free: the
-    processes keep two batches under way and the device decodes the rest, so neither waits
-    for the other; ``decoded_on`` counts what each side decoded. Where the GPU also trains,
-    its decoding takes time from the training step, so this pays where the step leaves the
-    GPU idle, waiting for data.
+    pixels as ``open_reader(size=...)``). Each batch is split: the workers decode its first
+    part, the device the rest, at once. The split follows the two sides' pace: the workers'
+    part shrinks whenever the thread had to wait for it and grows while it did not, so
+    where the loop itself is slower (a GPU busy training), they take more of the work off
+    the GPU. ``decoded_on`` counts the images each side decoded.
 
     Raises:
         UsageError: torchvision is missing, ``size``, ``fit``, ``ahead`` or ``cpu_workers``
@@ -122,13 +124,13 @@ def decode_on_gpu(
         """One JPEG by nvJPEG, or None where it refuses it."""
         try:
             return decode_jpeg(
-                data, mode=ImageReadMode.RGB, device=target, apply_exif_orientation=True
+                data, mode=ImageReadMode.RGB, device=target, apply_exif_orientation=False
             )
         except RuntimeError:
             return None
 
-    def decoded(batch: tuple[Any, ...], number: int) -> tuple[Any, ...]:
-        payloads, labels, paths = batch[0], batch[1], batch[2] if len(batch) > 2 else None
+    def decoded(payloads: list[Any], number: int, first: int, paths: Any) -> Any:
+        """``payloads``, records ``first`` on of batch ``number``, as N x H x W x 3."""
         jpegs = [i for i, p in enumerate(payloads) if isinstance(p, bytes) and p[:3] == _JPEG]
         with warnings.catch_warnings():  # the bytes are read-only; nvJPEG only reads them
             warnings.simplefilter("ignore", UserWarning)
@@ -136,7 +138,7 @@ def decode_on_gpu(
         try:  # one call for the batch
             found = (
                 decode_jpeg(
-                    data, mode=ImageReadMode.RGB, device=target, apply_exif_orientation=True
+                    data, mode=ImageReadMode.RGB, device=target, apply_exif_orientation=False
                 )
                 if data
                 else []
@@ -144,17 +146,34 @@ def decode_on_gpu(
         except RuntimeError:  # the call fails as a whole: each alone, the refused on the CPU
             found = [jpeg(d) for d in data]
         images: list[Any] = [None] * len(payloads)
-        for i, image in zip(jpegs, found):
-            images[i] = image
+        for i, image in zip(jpegs, found):  # nvJPEG ignores EXIF: turned here, as Pillow turns
+            images[i] = None if image is None else _upright(image, exif_orientation(payloads[i]))
         for i, payload in enumerate(payloads):
             if images[i] is None:
-                images[i] = on_cpu(payload, number, i, paths)
-        stacked = torch.stack([fitted(image) for image in images]).permute(0, 2, 3, 1)
-        labels = torch.as_tensor(labels).to(target, non_blocking=True)
-        return (stacked.contiguous(), labels) + (() if paths is None else (paths,))
+                images[i] = on_cpu(payload, number, first + i, paths)
+        return torch.stack([fitted(image) for image in images]).permute(0, 2, 3, 1)
 
     cpu = _CpuDecoder(cpu_workers, size, fit) if cpu_workers else None
     return GpuDecoded(batches, decoded, target, ahead, cpu)
+
+
+def _upright(image: Any, orientation: int) -> Any:
+    """A C x H x W ``image`` turned as Pillow's ``exif_transpose`` turns EXIF ``orientation``."""
+    turn = _TURNS.get(orientation)
+    return image if turn is None else turn(image)
+
+
+# EXIF orientation -> the turn of a C x H x W image that stands it upright
+# (packer.imaging.jpeg_turbo's, for H x W x C arrays).
+_TURNS: dict[int, Callable[[Any], Any]] = {
+    2: lambda t: t.flip(2),  # mirrored
+    3: lambda t: t.flip(1, 2),  # upside down
+    4: lambda t: t.flip(1),  # mirrored upside down
+    5: lambda t: t.transpose(1, 2),  # transposed
+    6: lambda t: t.transpose(1, 2).flip(2),  # turned a quarter, clockwise to fix
+    7: lambda t: t.flip(1, 2).transpose(1, 2),  # transverse
+    8: lambda t: t.transpose(1, 2).flip(1),  # turned a quarter, anticlockwise to fix
+}
 
 
 def _undecodable(number: int, i: int, paths: Any, reason: str) -> CorruptRecordError:
@@ -166,13 +185,13 @@ def _undecodable(number: int, i: int, paths: Any, reason: str) -> CorruptRecordE
 
 class GpuDecoded(Iterator[tuple[Any, ...]]):
     """decode_on_gpu's batches, decoded a few ahead of the loop by a thread of its own (on a
-    CUDA device, on a stream of its own). ``decoded_on``: how many batches so far the device
+    CUDA device, on a stream of its own). ``decoded_on``: how many images so far the device
     and the CPU workers decoded, ``{"device": n, "cpu_workers": m}``."""
 
     def __init__(
         self,
         batches: Iterable[tuple[Any, ...]],
-        decoded: Callable[[tuple[Any, ...], int], tuple[Any, ...]],
+        decoded: Callable[[list[Any], int, int, Any], Any],
         target: Any,
         ahead: int,
         cpu: _CpuDecoder | None,
@@ -192,7 +211,7 @@ class GpuDecoded(Iterator[tuple[Any, ...]]):
 
 def _delivered(
     batches: Iterable[tuple[Any, ...]],
-    decoded: Callable[[tuple[Any, ...], int], tuple[Any, ...]],
+    decoded: Callable[[list[Any], int, int, Any], Any],
     target: Any,
     ahead: int,
     cpu: _CpuDecoder | None,
@@ -200,38 +219,42 @@ def _delivered(
 ) -> Generator[tuple[Any, ...], None, None]:
     stream = torch.cuda.Stream(target) if target.type == "cuda" else None
 
-    def on_stream(done: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
-        finished = torch.cuda.Event() if stream else None
-        if finished is not None:
-            finished.record(stream)
-        return done, finished
-
     def produce() -> Iterator[tuple[tuple[Any, ...], Any]]:
-        # In batch order: a batch the device decoded (with its event), or one under way
-        # in the CPU workers. Bounded, so a slow worker cannot pile up decoded batches.
-        waiting: deque[Any] = deque()
-        most = ahead + _CPU_BATCHES
+        numbered = enumerate(batches)
+        # Batches whose workers' part is under way: the next one's starts before this one's
+        # device part, so that the workers never wait for the thread.
+        started: deque[tuple[int, tuple[Any, ...], _CpuJob | None]] = deque()
 
-        def settled(item: Any) -> tuple[tuple[Any, ...], Any]:
-            if isinstance(item, _CpuJob):
-                decoded_on["cpu_workers"] += 1
-                return on_stream(item.result(target))
-            decoded_on["device"] += 1
-            return item
+        def start_next() -> None:
+            for number, batch in itertools.islice(numbered, 1):
+                _check_encoded(batch)
+                job = None if cpu is None else cpu.submit(batch[0], number)
+                started.append((number, batch, job))
 
         try:
             with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
-                for number, batch in enumerate(batches):
-                    _check_encoded(batch)
-                    under_way = sum(isinstance(w, _CpuJob) and not w.done() for w in waiting)
-                    if cpu is not None and under_way < _CPU_BATCHES:
-                        waiting.append(cpu.submit(batch, number))
-                    else:
-                        waiting.append(on_stream(decoded(batch, number)))
-                    while waiting and (len(waiting) >= most or _ready(waiting[0])):
-                        yield settled(waiting.popleft())
-                while waiting:
-                    yield settled(waiting.popleft())
+                start_next()
+                start_next()
+                while started:
+                    number, batch, job = started.popleft()
+                    payloads, labels = batch[0], batch[1]
+                    paths = batch[2] if len(batch) > 2 else None
+                    taken = 0 if job is None else job.taken
+                    rest = (
+                        decoded(payloads[taken:], number, taken, paths)
+                        if payloads[taken:]
+                        else None
+                    )
+                    start_next()
+                    images: Any = rest if job is None else job.joined(rest, target, paths)
+                    decoded_on["cpu_workers"] += taken
+                    decoded_on["device"] += len(payloads) - taken
+                    labels = torch.as_tensor(labels).to(target, non_blocking=True)
+                    done = (images.contiguous(), labels) + (() if paths is None else (paths,))
+                    finished = torch.cuda.Event() if stream else None
+                    if finished is not None:
+                        finished.record(stream)
+                    yield done, finished
         finally:
             if cpu is not None:
                 cpu.close()
@@ -249,15 +272,6 @@ def _delivered(
             yield done
 
 
-# Batches the CPU workers have under way at once: one decoding, the next queued behind it,
-# so that the workers never wait while the thread hands the device a batch.
-_CPU_BATCHES = 2
-
-
-def _ready(item: Any) -> bool:
-    return not isinstance(item, _CpuJob) or item.done()
-
-
 def _check_encoded(batch: tuple[Any, ...]) -> None:
     payloads = batch[0]
     if not isinstance(payloads, list) or not all(
@@ -270,25 +284,38 @@ def _check_encoded(batch: tuple[Any, ...]) -> None:
 
 
 class _CpuDecoder:
-    """Worker processes that decode a batch in parts, each part in one worker, as the reader
-    decodes (``packer.reading.decode_procs``' pool). Started on the first batch, by the
-    thread that decodes ahead."""
+    """Worker processes that decode the first part of each batch, split among them, as the
+    reader decodes (``packer.reading.decode_procs``' pool). Started on the first batch, by
+    the thread that decodes ahead. ``share``: the part, a fraction of the batch."""
+
+    # The share the workers start with: the device decodes about as fast as this many cores
+    # (benchmarks/bench_gpu.py: nvJPEG against the cores, on an H200 machine).
+    DEVICE_AS_CORES = 24
 
     def __init__(self, workers: int, size: tuple[int, int], fit: str) -> None:
         self.workers, self.size, self.fit = workers, size, fit
+        self.share = workers / (workers + self.DEVICE_AS_CORES)
         self._pool: ProcessPoolExecutor | None = None
 
-    def submit(self, batch: tuple[Any, ...], number: int) -> _CpuJob:
+    def submit(self, payloads: list[Any], number: int) -> _CpuJob:
         if self._pool is None:
             kernel = threading.current_thread() is threading.main_thread()
             self._pool = start_pool(self.workers, _init_cpu_worker, (os.getpid(), kernel))
-        payloads = batch[0]
-        bounds = np.linspace(0, len(payloads), min(self.workers, len(payloads)) + 1).astype(int)
-        parts = [
-            self._pool.submit(_decode_part, payloads[start:end], self.size, self.fit)
-            for start, end in zip(bounds[:-1], bounds[1:])
-        ]
-        return _CpuJob(parts, bounds[:-1].tolist(), batch, number, self.size)
+        taken = min(len(payloads), round(self.share * len(payloads)))
+        bounds = np.linspace(0, taken, min(self.workers, taken) + 1).astype(int).tolist()
+        try:
+            parts = [
+                self._pool.submit(_decode_part, payloads[start:end], self.size, self.fit)
+                for start, end in zip(bounds[:-1], bounds[1:])
+            ]
+        except BrokenProcessPool:
+            raise _worker_died(number) from None
+        return _CpuJob(self, parts, bounds, number)
+
+    def settle(self, waited: bool) -> None:
+        """After a batch: a smaller share if the thread had to wait for the workers' part,
+        else a little larger (the workers' pace, and the device's, change as the GPU trains)."""
+        self.share = self.share * 0.9 if waited else min(1.0, self.share * 1.03 + 0.002)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -296,42 +323,45 @@ class _CpuDecoder:
 
 
 class _CpuJob:
-    """One batch under way in the CPU workers."""
+    """The workers' part of one batch, under way: its first ``taken`` records."""
 
     def __init__(
         self,
+        decoder: _CpuDecoder,
         parts: list[Future[Any]],
-        starts: list[int],
-        batch: tuple[Any, ...],
+        bounds: list[int],
         number: int,
-        size: tuple[int, int],
     ) -> None:
-        self.parts, self.starts, self.batch, self.number = parts, starts, batch, number
-        self.size = size
+        self.decoder, self.parts, self.number = decoder, parts, number
+        self.starts, self.taken = bounds[:-1], bounds[-1]
 
-    def done(self) -> bool:
-        return all(part.done() for part in self.parts)
-
-    def result(self, target: Any) -> tuple[Any, ...]:
-        """The batch as the device side gives it: images and labels on ``target``."""
-        labels, paths = self.batch[1], self.batch[2] if len(self.batch) > 2 else None
-        # The parts land in pinned memory, so that the copy up runs beside the decoding.
-        shape = (len(self.batch[0]), *self.size, 3)
-        images = torch.empty(shape, dtype=torch.uint8, pin_memory=target.type == "cuda")
-        landed = images.numpy()
+    def joined(self, rest: Any, target: Any, paths: Any) -> Any:
+        """The whole batch on ``target``: this part, once decoded, before ``rest`` (the
+        device's part, or None)."""
+        waited = not all(part.done() for part in self.parts)
+        self.decoder.settle(waited)
+        size = self.decoder.size
+        # The part lands in pinned memory, so that its copy up runs beside the device's work.
+        landed = torch.empty(
+            (self.taken, *size, 3), dtype=torch.uint8, pin_memory=target.type == "cuda"
+        )
+        into = landed.numpy()
         for start, part in zip(self.starts, self.parts):
             try:
                 got = part.result()
             except BrokenProcessPool:
-                raise PackerError(
-                    f"decode_on_gpu: a CPU decode worker died in batch {self.number} "
-                    "(killed, or out of memory)"
-                ) from None
+                raise _worker_died(self.number) from None
             if isinstance(got, tuple):  # (the record's place in the part, why it failed)
                 raise _undecodable(self.number, start + got[0], paths, got[1])
-            landed[start : start + len(got)] = got
-        labels = torch.as_tensor(labels).to(target, non_blocking=True)
-        return (images.to(target, non_blocking=True), labels) + (() if paths is None else (paths,))
+            into[start : start + len(got)] = got
+        ours = landed.to(target, non_blocking=True)
+        return ours if rest is None else torch.cat([ours, rest])
+
+
+def _worker_died(number: int) -> PackerError:
+    return PackerError(
+        f"decode_on_gpu: a CPU decode worker died by batch {number} (killed, or out of memory)"
+    )
 
 
 def _init_cpu_worker(parent: int, kernel: bool) -> None:

@@ -21,7 +21,8 @@ pytest.importorskip("torchvision", reason="decode_on_gpu needs torchvision; not 
 
 from packer import PackOptions, open_reader, pack  # noqa: E402
 from packer.errors import CorruptRecordError, PackerError, UsageError  # noqa: E402
-from packer.gpu_decode import decode_on_gpu  # noqa: E402
+from packer.gpu_decode import _CpuDecoder, decode_on_gpu  # noqa: E402
+from packer.imaging.decode import decode_resized  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SIZE = (24, 40)
@@ -124,40 +125,60 @@ def test_an_error_in_the_records_reaches_the_loop_not_a_thread() -> None:
     assert "packer-gpu-decode" not in [t.name for t in threading.enumerate()]
 
 
+def _photos(count: int, seed: int = 0) -> list[bytes]:
+    return [encoded(_smooth(64, 48, seed + i), "JPEG", quality=95) for i in range(count)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_cpu_workers_decode_beside_the_device_and_batches_keep_their_order(
-    store: Path, device: str
+def test_cpu_workers_decode_the_first_part_of_each_batch_and_the_device_the_rest(
+    device: str,
 ) -> None:
-    """With cpu_workers, the first two batches go to the workers (none is under way yet):
-    each of those is the reader's own batch to the pixel, the rest within the device's
-    couple of levels, and every batch comes in the reader's order."""
-    expected = _cpu_batches(store, "crop")
-    with open_reader(store, batch_size=5, seed=3, with_paths=True, decode=False) as reader:
-        decoded = decode_on_gpu(reader.epoch(1), SIZE, device=device, cpu_workers=2)
-        got = list(decoded)
-    assert [paths for _, _, paths in got] == [paths for _, _, paths in expected]
-    on_workers = decoded.decoded_on["cpu_workers"]
-    assert on_workers >= 2 and on_workers + decoded.decoded_on["device"] == len(expected)
-    exact = 0
-    for (images, labels, _), (want, want_labels, _) in zip(got, expected):
-        assert images.device.type == device and images.shape == want.shape
+    """Each batch in order, whole: a first part from the workers, the reader's own pixels
+    exactly (the same decoder), and the rest from the device, within its couple of levels;
+    decoded_on counts the workers' part."""
+    payloads = _photos(160)
+    batches = [
+        (payloads[n : n + 40], np.arange(n, n + 40), [f"{i}.jpg" for i in range(n, n + 40)])
+        for n in range(0, 160, 40)
+    ]
+    decoded = decode_on_gpu(batches, SIZE, device=device, cpu_workers=8)
+    got = list(decoded)
+    assert [paths for _, _, paths in got] == [paths for _, _, paths in batches]
+    exact_first = 0
+    for (images, labels, _), (sent, want_labels, _) in zip(got, batches):
+        assert images.device.type == device and images.shape == (40, *SIZE, 3)
         np.testing.assert_array_equal(labels.cpu().numpy(), want_labels)
-        pixels = images.cpu().numpy()
-        exact += np.array_equal(pixels, want)
-        assert np.abs(pixels.astype(int) - want.astype(int)).mean() < 2.5
-    assert exact >= on_workers
+        want = [decode_resized(p, "RGB", size=SIZE) for p in sent]
+        same = [np.array_equal(image, w) for image, w in zip(images.cpu().numpy(), want)]
+        exact_first += same.index(False) if False in same else len(same)
+        difference = np.abs(images.cpu().numpy().astype(int) - np.stack(want).astype(int))
+        assert difference.mean() < 2.5
+    counted = decoded.decoded_on
+    assert counted["cpu_workers"] + counted["device"] == 160
+    assert exact_first >= counted["cpu_workers"] > 0
+
+
+def test_the_workers_share_shrinks_after_a_wait_and_grows_while_none() -> None:
+    workers = _CpuDecoder(4, SIZE, "crop")
+    start = workers.share
+    workers.settle(waited=True)
+    assert workers.share < start
+    for _ in range(300):
+        workers.settle(waited=False)
+    assert workers.share == 1.0
 
 
 def test_a_record_the_cpu_workers_cannot_decode_is_named_and_no_worker_is_left() -> None:
-    good = encoded(_smooth(40, 30, 1), "JPEG")
+    good = _photos(8)
+    cut = good[1][: len(good[1]) // 3]
     batches = [
-        ([good, good], np.array([0, 1]), ["a.jpg", "b.jpg"]),
-        ([good, good, good[: len(good) // 3]], np.array([0, 1, 0]), ["c", "d", "cut.jpg"]),
+        (good, np.zeros(8), [f"{i}.jpg" for i in range(8)]),
+        ([good[0], cut, *good[2:]], np.zeros(8), ["a.jpg", "cut.jpg", *"cdefgh"]),
     ]
     with pytest.raises(
-        CorruptRecordError, match=r"record 2 in batch 1 \(cut.jpg\): does not decode"
+        CorruptRecordError, match=r"record 1 in batch 1 \(cut.jpg\): does not decode"
     ):
-        list(decode_on_gpu(batches, SIZE, device="cpu", cpu_workers=2))
+        list(decode_on_gpu(batches, SIZE, device="cpu", cpu_workers=8))  # theirs: 2 of 8
     assert multiprocessing.active_children() == []
     assert "packer-gpu-decode" not in [t.name for t in threading.enumerate()]
 
@@ -180,7 +201,24 @@ def test_a_killed_cpu_worker_is_reported_in_one_line() -> None:
     decoded = decode_on_gpu(itertools.repeat(batches, 50), SIZE, device="cpu", cpu_workers=2)
     next(decoded)
     os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
-    with pytest.raises(PackerError, match="a CPU decode worker died in batch"):
+    with pytest.raises(PackerError, match="a CPU decode worker died by batch"):
         for _ in decoded:
             pass
     assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_exif_orientation_stands_upright_as_the_reader_stands_it(device: str) -> None:
+    """nvJPEG ignores EXIF (torchvision's GPU decoder), so decode_on_gpu turns each image
+    itself: all eight orientations, against the reader's CPU decode."""
+    picture = _smooth(48, 32, 4)
+    payloads = []
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        payloads.append(encoded(picture, "JPEG", quality=95, exif=exif))
+    batch = (payloads, np.zeros(8, np.int64), [f"o{o}.jpg" for o in range(1, 9)])
+    [(images, _, _)] = list(decode_on_gpu([batch], SIZE, fit="stretch", device=device))
+    for orientation, (image, payload) in enumerate(zip(images.cpu().numpy(), payloads), 1):
+        want = decode_resized(payload, "RGB", size=SIZE, fit="stretch")
+        assert np.abs(image.astype(int) - want.astype(int)).mean() < 2.5, orientation

@@ -127,6 +127,12 @@ def _orientation(im: Image.Image) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
+def orientation(source: Source, max_pixels: int = DEFAULT_MAX_PIXELS) -> int:
+    """The EXIF orientation (1-8) that decoding ``source`` applies, read from its header."""
+    with _open(source, max_pixels) as im:
+        return _orientation(im)
+
+
 def probe(source: Source, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
     """Parse the header only: cheap, proves the file is an image of sane size, not that it decodes."""
     with _open(source, max_pixels) as im:

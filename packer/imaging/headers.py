@@ -28,7 +28,7 @@ import os
 import struct
 import zlib
 
-from packer.imaging.decode import ImageInfo
+from packer.imaging.decode import DEFAULT_MAX_PIXELS, ImageInfo, orientation
 
 __all__ = ["HEAD_BYTES", "vouch", "vouch_oriented", "vouch_file"]
 
@@ -60,6 +60,19 @@ def vouch_oriented(data: bytes | memoryview, max_pixels: int) -> tuple[ImageInfo
     if found is None or not (0 < found[0].width * found[0].height <= max_pixels):
         return None  # the bomb refusal and its wording are imaging._open's
     return found
+
+
+def exif_orientation(data: bytes | memoryview) -> int:
+    """The EXIF orientation (1-8) that decoding ``data`` stands upright, from its header
+    alone: for a decoder that does not apply it (nvJPEG). 1 where the header is unreadable:
+    whether the pixels decode is the decoder's to say."""
+    found = vouch_oriented(data, DEFAULT_MAX_PIXELS)
+    if found is not None:
+        return found[1]
+    try:
+        return orientation(data)
+    except Exception:
+        return 1
 
 
 HEAD_BYTES = 16 << 10  # what vouch_file reads: headers with more (a big EXIF) go to Pillow
