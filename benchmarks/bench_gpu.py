@@ -18,8 +18,6 @@ channels-last, batches of 256, 224 x 224:
                   workers
   nvjpeg          the store's JPEG bytes decoded on the GPU (torchvision.io.decode_jpeg) and
                   resized there, by a thread and a stream of its own
-  hybrid          nvjpeg with cpu_workers: CPU processes decode beside nvJPEG, each batch
-                  going to whichever side is free
   decode limit    each loader alone, batches copied to the GPU, no training: how fast the
                   CPUs (or nvJPEG) feed it
   trace           a torch.profiler trace of a few ResNet-50 steps fed by packer: does each
@@ -350,24 +348,17 @@ class PackerWorkersLoader(Loader):
 class NvjpegLoader(Loader):
     """The store's JPEG bytes (decode=False), decoded on the GPU by nvJPEG in batches and
     brought to 224 x 224 there (packer.gpu_decode.decode_on_gpu: a thread and a stream of its
-    own, a few batches ahead): the CPUs only read, or with ``cpu_workers`` decode beside it."""
+    own, a few batches ahead): the CPUs only read."""
 
-    def __init__(self, store: Path, cpu_workers: int = 0) -> None:
+    def __init__(self, store: Path) -> None:
         from packer import open_reader
 
         self.reader = open_reader(store, **every_reader(), decode=False, workers=4)
-        self.cpu_workers = cpu_workers
-        self.split = {"device": 0, "cpu_workers": 0}  # batches each side decoded, all epochs
 
     def batches(self, epoch: int) -> Iterator[Any]:
         from packer.gpu_decode import decode_on_gpu
 
-        decoded = decode_on_gpu(
-            self.reader.epoch(epoch), (SIZE, SIZE), device=DEVICE, cpu_workers=self.cpu_workers
-        )
-        yield from decoded
-        for side, count in decoded.decoded_on.items():
-            self.split[side] += count
+        return decode_on_gpu(self.reader.epoch(epoch), (SIZE, SIZE), device=DEVICE)
 
     def close(self) -> None:
         self.reader.close()
@@ -384,8 +375,7 @@ def measure(make: Callable[[], Loader], epochs: int, trainer: Trainer | None) ->
         rows = run_epochs(loader.batches, epochs, trainer, loader.stats)
     finally:
         loader.close()
-    split = getattr(loader, "split", None)
-    return {"open_s": round(opened, 2), "epochs": rows} | ({"decoded_on": split} if split else {})
+    return {"open_s": round(opened, 2), "epochs": rows}
 
 
 def loaders(folder: Path, store: Path, cores: int) -> dict[str, Callable[[], Loader]]:
@@ -396,14 +386,7 @@ def loaders(folder: Path, store: Path, cores: int) -> dict[str, Callable[[], Loa
         "dataloader": lambda: FolderLoader(folder, cores),
         "packer-workers": lambda: PackerWorkersLoader(store, cores),
         "nvjpeg": lambda: NvjpegLoader(store),
-        "hybrid": lambda: NvjpegLoader(store, cpu_workers=max(1, cores - 4)),
-        **{f"hybrid-{n}": partial(NvjpegLoader, store, cpu_workers=n) for n in HYBRID_WORKERS},
     }
-
-
-# cpu_workers beside nvJPEG that --cases can name (hybrid-N); "hybrid" leaves the training
-# loop, the GPU's decode thread and the reader's threads four cores.
-HYBRID_WORKERS = (1, 2, 4, 8)
 
 
 def trace_steps(store: Path, out: Path, classes: int) -> dict[str, Any]:
@@ -562,7 +545,7 @@ def run(args: argparse.Namespace) -> None:
 
     # The comparison that decides the goals first, side by side for both models; then the
     # loaders alone, the other variants, the trace and the example, as the budget allows.
-    first, then = ("packer", "dataloader", "nvjpeg", "hybrid"), ("packer-augment", "packer-workers")
+    first, then = ("packer", "dataloader", "nvjpeg"), ("packer-augment", "packer-workers")
     steps: list[tuple[str, Callable[[], Any]]] = [
         *((f"{m}/{n}", trained(m, n)) for m in MODELS for n in first),
         *((f"decode/{n}", partial(measure, ways[n], args.epochs, None)) for n in first),
@@ -600,7 +583,6 @@ NAMES = {
     "dataloader": "DataLoader over the folder, crop + flip",
     "packer-workers": "packer's TorchDataset in DataLoader workers, crop + flip",
     "nvjpeg": "nvJPEG on the GPU (torchvision), `size` 224",
-    "hybrid": "nvJPEG and CPU workers together (`cpu_workers=`)",
 }
 CPU_LOADERS = ("packer", "packer-threads", "packer-augment", "dataloader", "packer-workers")
 
@@ -638,8 +620,8 @@ def render(given: list[Path]) -> None:
     else:
         reports = collect(given)
         reporting.write(REPORT, json.dumps(reports) + "\n")
-    traced = best_trace(reports)
-    drawn = traced is not None and draw_timeline(traced["timeline"], PICTURE)
+    timeline = (reports[0].get("trace") or {}).get("timeline")
+    drawn = timeline is not None and draw_timeline(timeline, PICTURE)
     reporting.write(PAGE, page(reports, drawn))
     print(f"wrote {PAGE}" + (f" and {PICTURE}" if drawn else ""))
 
@@ -721,7 +703,7 @@ def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def page(reports: list[dict[str, Any]], drawn: bool) -> str:
-    now, *earlier = reports
+    now = reports[0]
     m = now["machine"]
     on = (
         f"{m['gpu']} ({m['gpu_memory_gb']} GB), {m['cores']} cores of {m['cpu']}, "
@@ -752,9 +734,13 @@ def page(reports: list[dict[str, Any]], drawn: bool) -> str:
     )
     text += reporting.goals(goals(now))
     text += findings(now)
-    text += trace_section(reports, drawn)
-    for report in earlier:
-        text += earlier_section(report)
+    text += trace_section(now, drawn)
+    if "resnet18/limit" in now:
+        text += (
+            f"## ResNet-18\n\nThe same loaders, the GPU's limit {now['resnet18/limit']:,} "
+            "images/s:\n\n" + training_table(now, "resnet18")
+        )
+    text += example_section(now)
     return text
 
 
@@ -791,28 +777,14 @@ def findings(report: dict[str, Any]) -> str:
             f"{rate(report, 'resnet50/nvjpeg') or 0:,} images/s. These steps are now "
             "`packer.gpu_decode.decode_on_gpu`.\n"
         )
-    both = rate(report, "resnet50/hybrid")
-    if both:
-        lines.append(
-            f"- **Both decoders at once.** Half the store decoded by nvJPEG and half by packer "
-            f"on the CPUs fed ResNet-50 at {both:,} images/s, "
-            f"{both / (rate(report, 'resnet50/dataloader') or 1):.2f}x the DataLoader.\n"
-        )
     return "\n".join(lines) + "\n"
 
 
-def best_trace(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The trace whose steps kept the training stream busiest: where the GPU ran at its own
-    rate, the copy beside each step shows; where decoding bounded it, gaps do."""
-    traces = [r["trace"] for r in reports if (r.get("trace") or {}).get("timeline")]
-    return max(traces, key=lambda t: t["training_stream_busy_share"] or 0, default=None)
-
-
-def trace_section(reports: list[dict[str, Any]], drawn: bool) -> str:
-    t = best_trace(reports)
-    if t is None:
+def trace_section(report: dict[str, Any], drawn: bool) -> str:
+    t = report.get("trace") or {}
+    if not t.get("copies"):
         return ""
-    others = [r["trace"] for r in reports if r.get("trace") and r["trace"] is not t]
+    busy = t["training_stream_busy_share"]
     text = (
         "## The copy beside the step\n\n"
         "A torch.profiler trace of four ResNet-50 steps fed by packer (`pin_memory=True, "
@@ -820,59 +792,38 @@ def trace_section(reports: list[dict[str, Any]], drawn: bool) -> str:
         f"GPU on stream {', '.join(t['copy_streams'])} while the training kernels run on "
         f"stream {t['training_stream']}. {t['copies']} copies of {t['copy_ms_mean']} ms each; "
         f"{t['copy_overlapped_share']:.0%} of their time the training stream was busy beside "
-        f"them, and it was busy {t['training_stream_busy_share']:.0%} of the traced steps. "
-        "The training stream waits only for its own batch's copy (an event), never for the "
-        "copy stream as a whole. These steps ran on batches the reader had ready, so the GPU "
-        "ran at its own rate; the copy is the same wherever the images were decoded.\n\n"
-    )
-    for other in others:
-        text += (
-            f"Another run's trace caught steps where decoding bounded the GPU: the training "
-            f"stream was busy {other['training_stream_busy_share']:.0%} of them, and the copies "
-            f"ran on stream {', '.join(other['copy_streams'])} beside stream "
-            f"{other['training_stream']} all the same.\n\n"
+        f"them, and it was busy {busy:.0%} of the traced steps. The training stream waits "
+        "only for its own batch's copy (an event), never for the copy stream as a whole. "
+        + (
+            "These steps ran on batches the reader had ready, so the GPU ran at its own rate."
+            if busy >= 0.9
+            else "Decoding bounded these steps, as it bounds the epochs above: the gaps in the "
+            "training stream are the GPU waiting for the CPUs' next batch, not for its copy."
         )
+        + "\n\n"
+    )
     if drawn:
         text += f"![GPU timeline]({PICTURE.name})\n\n"
     return text
 
 
-def earlier_section(report: dict[str, Any]) -> str:
-    """A run on another machine of the same kind, before decoding moved to processes."""
-    m = report["machine"]
-    then = {
-        **NAMES,
-        "packer": "packer, `size=(224, 224)`, in threads (then the default)",
-        "packer-augment": "packer, `augment=` crop + flip, in threads",
-        "nvjpeg": "nvJPEG on the GPU, in the training loop",
-    }
-    text = (
-        "## ResNet-18, and the earlier default\n\n"
-        f"An earlier run the same day on another {m['gpu']} with {m['cores']} cores, when the "
-        "reader still decoded in threads by default, and nvJPEG decoded in the training loop "
-        "rather than ahead of it. That host decoded about a quarter faster than the one "
-        "above: compare rows within a table, not across.\n\n"
-    )
-    for model in MODELS:
-        if f"{model}/limit" in report:
-            text += f"{model}, the GPU's limit {report[f'{model}/limit']:,} images/s:\n\n"
-            text += training_table(report, model, then)
+def example_section(report: dict[str, Any]) -> str:
     example = report.get("train_example") or {}
-    if example.get("rows"):
-        text += f"`{example['command']}` (the demo set's small images):\n\n"
-        text += reporting.table(
-            ["loader", "images/s", "waiting for data", "held-out accuracy"],
+    if not example.get("rows"):
+        return ""
+    text = f"## The example script\n\n`{example['command']}` (the demo set's small images):\n\n"
+    return text + reporting.table(
+        ["loader", "images/s", "waiting for data", "held-out accuracy"],
+        [
             [
-                [
-                    r["loader"],
-                    f"{r['images_per_s']:,}",
-                    f"{r['wait_share']:.0%}",
-                    f"{r['heldout_accuracy']:.0%}",
-                ]
-                for r in example["rows"]
-            ],
-        )
-    return text
+                r["loader"],
+                f"{r['images_per_s']:,}",
+                f"{r['wait_share']:.0%}",
+                f"{r['heldout_accuracy']:.0%}",
+            ]
+            for r in example["rows"]
+        ],
+    )
 
 
 def draw_timeline(timeline: dict[str, Any], path: Path) -> bool:
@@ -917,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--budget-s", type=int, default=420, help="start no case after this")
     parser.add_argument(
-        "--cases", help="only these, comma-separated: resnet18/hybrid-4,decode/nvjpeg,trace,..."
+        "--cases", help="only these, comma-separated: resnet18/nvjpeg,decode/packer,trace,..."
     )
     parser.add_argument(
         "--device", choices=("cuda", "cpu"), default="cuda", help="cpu: a smoke run, no figures"

@@ -281,12 +281,29 @@ def test_the_doubtful_cases_are_real() -> None:
     assert isinstance(xmp, imaging.ImageInfo) and (xmp.width, xmp.height) == (7, 13)
 
 
+def pillows_orientation(data: bytes) -> int:
+    try:
+        return imaging.orientation(data)
+    except Exception:  # noqa: BLE001 - unreadable: no orientation to apply
+        return 1
+
+
+@pytest.mark.parametrize("name", [*sorted(PLAIN), *sorted(DOUBTFUL)])
+def test_the_exif_orientation_is_the_one_pillow_applies(name: str) -> None:
+    """What decode_on_gpu turns nvJPEG's pixels by: from a few steps over the segments where
+    a JPEG has no APP1, else from the full header; Pillow's in every case (XMP alone too)."""
+    data = {**DOUBTFUL, **PLAIN}[name]()
+    assert headers.exif_orientation(data) == pillows_orientation(data)
+
+
 def test_shared_corpus() -> None:
     """Every file of the corpus of odd images: vouched for only as Pillow would."""
     vouched = 0
     for path in sorted(corpus_dir().rglob("*")):
         if path.is_file():
-            vouched += agrees(path.read_bytes()) is not None
+            data = path.read_bytes()
+            vouched += agrees(data) is not None
+            assert headers.exif_orientation(data) == pillows_orientation(data), path.name
     assert vouched > 0
 
 
@@ -328,4 +345,5 @@ def test_random_mutations_of_real_headers(name: str) -> None:
     for _ in range(1500):
         mutant = _mutants(data, rng, header)
         vouched += agrees(mutant) is not None
+        assert headers.exif_orientation(mutant) == pillows_orientation(mutant)
     assert 0 < vouched < 1500  # the mutations reach both sides of its rules

@@ -66,6 +66,8 @@ def exif_orientation(data: bytes | memoryview) -> int:
     """The EXIF orientation (1-8) that decoding ``data`` stands upright, from its header
     alone: for a decoder that does not apply it (nvJPEG). 1 where the header is unreadable:
     whether the pixels decode is the decoder's to say."""
+    if data[:3] == _JPEG and not _app1_before_scan(data):
+        return 1  # no APP1 segment, so neither EXIF nor XMP: most photos, in a few steps
     found = vouch_oriented(data, DEFAULT_MAX_PIXELS)
     if found is not None:
         return found[1]
@@ -73,6 +75,22 @@ def exif_orientation(data: bytes | memoryview) -> int:
         return orientation(data)
     except Exception:
         return 1
+
+
+def _app1_before_scan(data: bytes | memoryview) -> bool:
+    """Whether a JPEG may hold an APP1 segment (EXIF, XMP) before its scan: True unless its
+    segments, walked from the start, reach the scan without one."""
+    pos, end = 2, len(data) - 4
+    while pos <= end:
+        if data[pos] != 0xFF:
+            return True  # not a marker where one should be: the full parse decides
+        marker = data[pos + 1]
+        if marker == 0xDA:  # start of scan: the headers are over
+            return False
+        if marker == 0xE1:
+            return True
+        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+    return True
 
 
 HEAD_BYTES = 16 << 10  # what vouch_file reads: headers with more (a big EXIF) go to Pillow

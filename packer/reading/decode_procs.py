@@ -26,7 +26,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -48,15 +47,7 @@ if TYPE_CHECKING:
     from packer.store.access import Store
     from packer.store.manifest import Manifest
 
-__all__ = [
-    "DECODE_IN",
-    "SMALL_PIXELS",
-    "choose",
-    "ProcessDecoder",
-    "merge_parts",
-    "start_pool",
-    "end_pool",
-]
+__all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "ProcessDecoder", "merge_parts"]
 
 DECODE_IN = ("threads", "processes")
 # Images of at most this many pixels on average (the store's own statistics) decode in
@@ -176,8 +167,19 @@ class ProcessDecoder:
             for path, manifest, finish in stores
         ]
         kernel = threading.current_thread() is threading.main_thread()
-        self._pool = start_pool(workers, _init_worker, (given, stack, os.getpid(), kernel))
+        methods = multiprocessing.get_all_start_methods()
+        method = "fork" if "fork" in methods else "spawn"
+        if method == "fork":  # imported once here, not in every worker
+            imaging.load_plugins()
+            resizing.load()
+        self._pool = ProcessPoolExecutor(
+            workers,
+            multiprocessing.get_context(method),
+            initializer=_init_worker,
+            initargs=(given, stack, os.getpid(), kernel),
+        )
         self.pid = os.getpid()
+        self._pool.submit(int).result()  # with fork, the first task starts every worker
 
     def submit(self, store: int, part: Window, epoch: int) -> Future[Batch]:
         """Finish ``part``, records of the reader's ``store``-th store in ``epoch`` (what
@@ -196,51 +198,29 @@ class ProcessDecoder:
     def close(self) -> None:
         """Stop the workers; a task under way is abandoned: its worker is killed, so that a
         slow transform does not hold up a Ctrl-C, and the pool's pipes are closed on return."""
-        end_pool(self._pool)
-
-
-def start_pool(
-    workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]
-) -> ProcessPoolExecutor:
-    """``workers`` decode processes, each started by ``initializer(*initargs)``, which must
-    call ``die_with_parent``. Forked where the platform can, with the decoders' modules
-    imported once here rather than in every worker; with fork, every worker starts before
-    this returns."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    if method == "fork":
-        imaging.load_plugins()
-        resizing.load()
-    pool = ProcessPoolExecutor(
-        workers, multiprocessing.get_context(method), initializer=initializer, initargs=initargs
-    )
-    pool.submit(int).result()  # with fork, the first task starts every worker
-    return pool
-
-
-def end_pool(pool: ProcessPoolExecutor) -> None:
-    """Stop ``pool``'s workers now, killing any that is busy, and close its pipes."""
-    # The executor's own processes: before Python 3.14 it has no call that ends them.
-    workers = list((pool._processes or {}).values())
-    # Its manager thread and result queue: the shutdown below forgets both, so a second
-    # shutdown(wait=True) would neither wait for the one nor close the other.
-    manager = cast("threading.Thread | None", pool._executor_manager_thread)  # typeshed errs
-    results = pool._result_queue
-    pool.shutdown(wait=False, cancel_futures=True)
-    deadline = time.monotonic() + 0.2  # an idle worker ends at once; a busy one is killed
-    for worker in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
-        if worker.is_alive():
-            worker.kill()
-    # Else the pipes stay open until that thread ends and the collector finds them.
-    if manager is not None:
-        manager.join(_MANAGER_WAIT_S)  # it reaps the workers, the killed ones too
-        if manager.is_alive():  # never seen; its pipes are left to the collector
-            return
-    if results is not None:
-        results.close()
-    for worker in workers:
-        worker.join()
-        worker.close()  # its sentinel pipes
+        pool = self._pool
+        # The executor's own processes: before Python 3.14 it has no call that ends them.
+        workers = list((pool._processes or {}).values())
+        # Its manager thread and result queue: the shutdown below forgets both, so a second
+        # shutdown(wait=True) would neither wait for the one nor close the other.
+        manager = cast("threading.Thread | None", pool._executor_manager_thread)  # typeshed errs
+        results = pool._result_queue
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + 0.2  # an idle worker ends at once; a busy one is killed
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                worker.kill()
+        # Else the pipes stay open until that thread ends and the collector finds them.
+        if manager is not None:
+            manager.join(_MANAGER_WAIT_S)  # it reaps the workers, the killed ones too
+            if manager.is_alive():  # never seen; its pipes are left to the collector
+                return
+        if results is not None:
+            results.close()
+        for worker in workers:
+            worker.join()
+            worker.close()  # its sentinel pipes
 
 
 def merge_parts(parts: list[Batch], stack: bool) -> Batch:
