@@ -2,7 +2,7 @@
 
 Where the cores decode more slowly than the GPU trains, read the store's bytes
 (``decode=False``) and decode them on the GPU instead (docs/benchmarks/gpu.md: on an H200
-machine nvJPEG decoded 1.8x as fast as its 16 cores):
+machine nvJPEG decoded 1.4x as fast as its 16 cores):
 
     with open_reader("train.lmdb", batch_size=256, seed=0, decode=False, workers=4) as reader:
         for images, labels in decode_on_gpu(reader.epoch(epoch), size=(224, 224)):
