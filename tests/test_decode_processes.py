@@ -3,6 +3,7 @@ errors, no process left behind, and the choice made from the store's own statist
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from helpers import child_pids, process_alive, store_path, write_image
 from packer import PackOptions, open_reader, pack
 from packer.augment import RandomResizedCrop
 from packer.errors import CorruptRecordError, UsageError
-from packer.reading.decode_procs import MANY_WORKERS, ProcessDecoder, choose
+from packer.reading.decode_procs import MANY_WORKERS, Landing, ProcessDecoder, choose
 from packer.reading.options import ReaderOptions
 from packer.store.access import open_manifest
 
@@ -54,6 +55,54 @@ def test_processes_give_the_threads_batches(small: Path, options: dict) -> None:
     assert sorted(p for _, _, paths in processes for p in paths) == sorted(
         p for _, _, paths in threads for p in paths
     )
+
+
+def test_pixels_of_a_known_size_come_back_through_shared_memory(small: Path) -> None:
+    """With ``size`` every part's pixels fit a landing slot: each comes back through shared
+    memory, not the pipe, and the batches are the threads' (the test above)."""
+    with open_reader(small, batch_size=32, size=(8, 6), decode_in="processes", workers=2) as reader:
+        batches = list(reader.epoch(0))
+        decoder = reader._producer._processes  # the reader's own pool (no public handle)
+        assert decoder is not None
+        assert decoder.landed == 2 * len(batches)  # a part per worker in each batch
+
+
+def test_parts_that_find_no_slot_come_back_through_the_pipe(
+    small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("packer.reading.produce.part_bytes", lambda options, manifests: 64)
+    threads = _epoch(small, "threads", size=(8, 6))
+    with open_reader(
+        small,
+        batch_size=32,
+        seed=5,
+        chunk_size=10,
+        with_paths=True,
+        size=(8, 6),
+        workers=2,
+        decode_in="processes",
+    ) as reader:
+        processes = list(reader.epoch(1))
+        assert reader._producer._processes is not None
+        assert reader._producer._processes.landed == 0  # a part's pixels: 16 x 144 bytes
+    for (im_t, lab_t, paths_t), (im_p, lab_p, paths_p) in zip(threads, processes, strict=True):
+        assert paths_p == paths_t
+        np.testing.assert_array_equal(lab_p, lab_t)
+        np.testing.assert_array_equal(im_p, im_t)
+
+
+def test_a_landing_slot_is_used_once_at_a_time_and_what_does_not_fit_is_refused() -> None:
+    landing = Landing(2, 64, multiprocessing.get_context("fork"))
+    first, second = np.arange(64, dtype=np.uint8).reshape(4, 4, 4), np.full((2, 8), 7, np.uint8)
+    slots = [landing.put(first), landing.put(second)]
+    assert None not in slots and landing.put(second) is None  # both slots taken
+    assert landing.put(np.zeros(65, np.uint8)) is None  # larger than a slot
+    np.testing.assert_array_equal(landing.take(slots[0]), first)  # a copy: the slot is free
+    again = landing.put(second)
+    assert again is not None and again.slot == slots[0].slot
+    np.testing.assert_array_equal(landing.take(slots[1]), second)
+    np.testing.assert_array_equal(landing.take(again), second)
+    assert landing.landed == 3
 
 
 def test_small_images_decode_in_processes_by_default(small: Path, tmp_path: Path) -> None:

@@ -10,17 +10,23 @@ kernels, waits its turn too. Worker processes each have their own GIL, and leave
 training process's to the training loop.
 
     producer thread: read_window -> gather -> [bytes of one batch part] --pipe--> worker process
-    worker process:  finish_batch (verify, decode, transform) -> one array --pipe--> merged batch
+    worker process:  finish_batch (verify, decode, transform) -> one array -> a landing slot
+    reader's process: the slot's pixels copied out, once -> merged batch
 
-A part goes out as its payloads and metadata, comes back as one array: a copy each way, a
-few percent of a small image's decode. For a large image coming back whole, on a few cores,
-the copy back costs more than the GIL does, so ``choose`` keeps threads for it.
+A part goes out through a pipe as its payloads and metadata. Its pixels come back through
+shared memory where they fit the size expected of a part (exact with ``size``, else from the
+store's mean image): a slot of an area mapped before the workers were forked. Through a pipe they were pickled, written,
+read and unpickled, and the reader's one process, which does that for every worker, spent
+two thirds of its time on it. A part that finds no slot free, or does not fit, comes back
+through the pipe as before. For a large image coming back whole, on a few cores, that copy
+back costs more than the GIL does, so ``choose`` keeps threads for it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import mmap
 import multiprocessing
 import os
 import signal
@@ -47,7 +53,7 @@ if TYPE_CHECKING:
     from packer.store.access import Store
     from packer.store.manifest import Manifest
 
-__all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "ProcessDecoder", "merge_parts"]
+__all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "part_bytes", "ProcessDecoder", "merge_parts"]
 
 DECODE_IN = ("threads", "processes")
 # Images of at most this many pixels on average (the store's own statistics) decode in
@@ -62,6 +68,10 @@ SMALL_PIXELS = 128 * 128
 # Larger outputs keep threads: their copy back is the cost bench_small_images measures.
 MANY_WORKERS = 8
 RETURNED_PIXELS = 256 * 256
+# The most address space the landing slots map: a part beyond half of it takes the pipe.
+_LANDING_BYTES = 1 << 30
+# How long a worker waits for the landing slots' lock before sending its part by the pipe.
+_LOCK_WAIT_S = 1.0
 # How long close() waits for the pool's manager thread to reap its workers, which it does as
 # soon as they have ended or been killed: a bound, so that close never hangs on it.
 _MANAGER_WAIT_S = 5.0
@@ -106,6 +116,22 @@ def _returned_pixels(options: ReaderOptions, height: float | None, width: float 
         out_h, out_w = augment.place(round(height), round(width), np.random.default_rng(0)).shape
         return float(out_h * out_w)
     return float(height * width)
+
+
+def part_bytes(options: ReaderOptions, manifests: list[Manifest]) -> int:
+    """The bytes of pixels a batch part brings back: the size of a landing slot. Exact with
+    ``size``; else for each store's mean image (``augment``'s output for it, or the image
+    itself); 0 where no store knows its mean. A part that comes back larger takes the pipe."""
+    workers = options.workers or default_workers()
+    records = -(-options.batch_size // workers) + 1  # a batch is split into ``workers`` parts
+    most = 0.0
+    for manifest in manifests:
+        stats = manifest.stats or {}
+        height = (stats.get("height") or {}).get("mean")
+        width = (stats.get("width") or {}).get("mean")
+        channels = {"L": 1, "RGB": 3}.get(options.mode or manifest.storage.mode, 4)
+        most = max(most, _returned_pixels(options, height, width) * channels)
+    return int(records * most) if math.isfinite(most) else 0
 
 
 def _check_sendable(options: ReaderOptions) -> None:
@@ -158,10 +184,16 @@ class ProcessDecoder:
     """
 
     def __init__(
-        self, workers: int, stores: list[tuple[Path, Manifest, dict[str, Any]]], stack: bool
+        self,
+        workers: int,
+        stores: list[tuple[Path, Manifest, dict[str, Any]]],
+        stack: bool,
+        part_bytes: int = 0,
     ) -> None:
         """``stores``: each store the reader reads (a mixture has several), with finish_batch's
-        keywords for it but the store, the stop event and the epoch."""
+        keywords for it but the store, the stop event and the epoch. ``part_bytes``: the
+        most a batch part's pixels take, where known in advance (else 0): the size of a
+        landing slot."""
         given = [
             (_Names(str(path), _Shards([_ShardFile(s.file) for s in manifest.shards])), finish)
             for path, manifest, finish in stores
@@ -172,11 +204,20 @@ class ProcessDecoder:
         if method == "fork":  # imported once here, not in every worker
             imaging.load_plugins()
             resizing.load()
+        context = multiprocessing.get_context(method)
+        # Mapped before the fork, so every worker shares it; spawned workers could not.
+        # Slots are taken lowest first: only as many as are busy at once are ever touched.
+        slots = min(2 * workers + 2, _LANDING_BYTES // max(part_bytes, 1))
+        self._landing = (
+            Landing(slots, part_bytes, context)
+            if method == "fork" and stack and part_bytes and slots >= 2
+            else None
+        )
         self._pool = ProcessPoolExecutor(
             workers,
-            multiprocessing.get_context(method),
+            context,
             initializer=_init_worker,
-            initargs=(given, stack, os.getpid(), kernel),
+            initargs=(given, stack, os.getpid(), kernel, self._landing),
         )
         self.pid = os.getpid()
         self._pool.submit(int).result()  # with fork, the first task starts every worker
@@ -192,8 +233,13 @@ class ProcessDecoder:
         inner = self._pool.submit(_finish_part, store, part, epoch)
         outer: Future[Batch] = Future()
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
-        inner.add_done_callback(partial(_settle, outer))
+        inner.add_done_callback(partial(_settle, outer, self._landing))
         return outer
+
+    @property
+    def landed(self) -> int:
+        """How many parts' pixels came back through shared memory so far."""
+        return 0 if self._landing is None else self._landing.landed
 
     def close(self) -> None:
         """Stop the workers; a task under way is abandoned: its worker is killed, so that a
@@ -238,7 +284,73 @@ def merge_parts(parts: list[Batch], stack: bool) -> Batch:
     return merge_batches(parts, stack)
 
 
-def _settle(outer: Future[Batch], inner: Future[tuple[Batch, list[logging.LogRecord]]]) -> None:
+class Landing:
+    """Slots of shared memory that workers write a finished part's pixels into, and the
+    reader's process copies them out of. Mapped anonymous and shared before the workers are
+    forked, so nothing outlives the processes that map it; ``taken`` marks the slots in use."""
+
+    def __init__(self, slots: int, slot_bytes: int, context: Any) -> None:
+        self.slot_bytes = slot_bytes
+        self.area = mmap.mmap(-1, slots * slot_bytes)
+        self.taken = context.Array("B", slots)  # with a lock the workers share
+        self.landed = 0  # counted in the reader's process
+
+    def put(self, images: np.ndarray) -> _Landed | None:
+        """In a worker: ``images`` written to a free slot, or None if none is free or they
+        do not fit (the pipe takes them instead)."""
+        if (
+            images.nbytes > self.slot_bytes
+            or not images.flags.c_contiguous
+            or images.dtype.hasobject
+        ):
+            return None
+        lock = self.taken.get_lock()
+        if not lock.acquire(timeout=_LOCK_WAIT_S):  # held by a worker killed while it held it
+            return None
+        try:
+            free = bytes(self.taken[:]).find(0)
+            if free >= 0:
+                self.taken[free] = 1
+        finally:
+            lock.release()
+        if free < 0:
+            return None
+        view = np.frombuffer(self.area, np.uint8, images.nbytes, free * self.slot_bytes)
+        view[:] = images.reshape(-1).view(np.uint8)
+        return _Landed(free, images.shape, images.dtype.str)
+
+    def take(self, landed: _Landed) -> np.ndarray:
+        """In the reader's process: the pixels copied out of their slot, which is then free."""
+        dtype = np.dtype(landed.dtype)
+        count = math.prod(landed.shape)
+        view = np.frombuffer(self.area, dtype, count, landed.slot * self.slot_bytes)
+        images = view.reshape(landed.shape).copy()
+        # Without the lock, which a killed worker may hold: one byte, and only workers
+        # looking for a free slot read it.
+        self.taken.get_obj()[landed.slot] = 0
+        self.landed += 1
+        return images
+
+
+@dataclass(frozen=True)
+class _Landed:
+    """Where a part's pixels wait: what travels through the pipe in their place."""
+
+    slot: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _settle(
+    outer: Future[Batch],
+    landing: Landing | None,
+    inner: Future[tuple[Batch, list[logging.LogRecord]]],
+) -> None:
+    if inner.done() and not inner.cancelled() and inner.exception() is None:
+        batch, _ = inner.result()
+        if isinstance(batch.images, _Landed):  # freed even where nobody waits for it now
+            assert landing is not None
+            batch.images = landing.take(batch.images)
     if outer.done():  # given up on (cancelled) while the worker ran
         return
     if inner.cancelled():
@@ -269,15 +381,19 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-_worker: tuple[list[tuple[_Names, dict[str, Any]]], bool] | None = None
+_worker: tuple[list[tuple[_Names, dict[str, Any]]], bool, Landing | None] | None = None
 _collected = _Collect()
 
 
 def _init_worker(
-    stores: list[tuple[_Names, dict[str, Any]]], stack: bool, parent: int, kernel: bool
+    stores: list[tuple[_Names, dict[str, Any]]],
+    stack: bool,
+    parent: int,
+    kernel: bool,
+    landing: Landing | None,
 ) -> None:
     global _worker
-    _worker = (stores, stack)
+    _worker = (stores, stack, landing)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
     logger = logging.getLogger("packer")  # every record goes back to the reader's process
     logger.handlers, logger.propagate = [_collected], False
@@ -287,8 +403,14 @@ def _init_worker(
 
 def _finish_part(store: int, part: Window, epoch: int) -> tuple[Batch, list[logging.LogRecord]]:
     assert _worker is not None, "not a decode worker"
-    stores, stack = _worker
+    stores, stack, landing = _worker
     names, finish = stores[store]
     _collected.records = []
     batch = finish_batch(part, store=cast("Store", names), epoch=epoch, **finish)
-    return (merge_batches([batch], stack) if stack else batch), _collected.records
+    if stack:
+        batch = merge_batches([batch], stack)
+    if landing is not None and isinstance(batch.images, np.ndarray):
+        landed = landing.put(batch.images)
+        if landed is not None:
+            batch = replace(batch, images=landed)  # type: ignore[arg-type]
+    return batch, _collected.records

@@ -38,7 +38,7 @@ from packer.reading.batching import (
     read_window,
     split_window,
 )
-from packer.reading.decode_procs import ProcessDecoder, choose, merge_parts
+from packer.reading.decode_procs import ProcessDecoder, choose, merge_parts, part_bytes
 from packer.reading.lanes import Lane, Layout, Phase, Piece, Planner
 from packer.reading.readahead import (
     SUPPORTED,
@@ -440,7 +440,8 @@ class Producer:
                 for k, source in enumerate(self.sources)
             ]
             workers = opts.workers or default_workers()
-            self._processes = ProcessDecoder(workers, given, stack=opts.collate is None)
+            landing = part_bytes(opts, [source.manifest for source in self.sources])
+            self._processes = ProcessDecoder(workers, given, opts.collate is None, landing)
         return self._processes
 
     def _open_stores(self) -> list[Store]:
