@@ -12,10 +12,10 @@ A thread of its own decodes each batch on a CUDA stream of its own, ``ahead`` ba
 of the loop, as the reader copies its batches: decoding overlaps the step, and the training
 stream waits for its own batch alone. A batch's JPEGs go to nvJPEG in one call; a record
 that is not a JPEG (a PNG in a mixed store, raw pixels) is decoded on the CPU as the reader
-decodes it, then copied up, and so is a JPEG nvJPEG refuses (CMYK, say). nvJPEG ignores EXIF:
-each image is turned upright here by its header's orientation, as Pillow turns it. Each image is then
-brought to ``size`` as the reader's ``fit`` does ("crop": the centre at the target's aspect
-ratio; "stretch"), antialiased bilinear.
+decodes it, then copied up, and so is a JPEG nvJPEG refuses (CMYK, say). nvJPEG ignores
+EXIF: each image is turned upright here by its header's orientation, as Pillow turns it.
+Each image is then brought to ``size`` as the reader's ``fit`` does ("crop": the centre at
+the target's aspect ratio; "stretch"), antialiased bilinear.
 """
 
 from __future__ import annotations

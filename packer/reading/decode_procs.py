@@ -15,11 +15,11 @@ training process's to the training loop.
 
 A part goes out through a pipe as its payloads and metadata. Its pixels come back through
 shared memory where they fit the size expected of a part (exact with ``size``, else from the
-store's mean image): a slot of an area mapped before the workers were forked. Through a pipe they were pickled, written,
-read and unpickled, and the reader's one process, which does that for every worker, spent
-two thirds of its time on it. A part that finds no slot free, or does not fit, comes back
-through the pipe as before. For a large image coming back whole, on a few cores, that copy
-back costs more than the GIL does, so ``choose`` keeps threads for it.
+store's mean image): a slot of an area mapped before the workers were forked. Through a pipe
+they were pickled, written, read and unpickled, and the reader's one process, which does
+that for every worker, spent most of its time on it. A part that finds no slot free, or does
+not fit, comes back through the pipe. For a large image coming back whole, on a few cores,
+even that one copy costs more than the GIL does, so ``choose`` keeps threads for it.
 """
 
 from __future__ import annotations
