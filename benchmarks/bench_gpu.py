@@ -543,34 +543,35 @@ def run(args: argparse.Namespace) -> None:
 
         return case
 
-    # The comparison that decides the goals first, side by side for both models; then the
-    # loaders alone, the other variants, the trace and the example, as the budget allows.
-    first, then = ("packer", "dataloader", "nvjpeg"), ("packer-augment", "packer-workers")
-    steps: list[tuple[str, Callable[[], Any]]] = [
-        *((f"{m}/{n}", trained(m, n)) for m in MODELS for n in first),
-        *((f"decode/{n}", partial(measure, ways[n], args.epochs, None)) for n in first),
-        *((f"{m}/{n}", trained(m, n)) for m in MODELS for n in then),
-        ("resnet50/packer-threads", trained("resnet50", "packer-threads")),
-        *(
-            (f"decode/{n}", partial(measure, ways_alone[n], args.epochs, None))
-            for n in ways_alone
-            if n not in first
-        ),
-        ("trace", lambda: trace_steps(store, out, classes=10)),
-        ("train_example", lambda: train_example(args.workdir, cores, seconds=60)),
-    ]
-    if args.cases:  # just these, in this order
-        model_steps = {f"{m}/{n}": trained(m, n) for m in MODELS for n in ways}
-        alone = {
-            f"decode/{n}": partial(measure, ways_alone[n], args.epochs, None) for n in ways_alone
-        }
-        chosen = {**dict(steps), **model_steps, **alone}
-        steps = [(key, chosen[key]) for key in args.cases.split(",")]
-    for key, step in steps:
+    every = {
+        **{f"{m}/{n}": trained(m, n) for m in MODELS for n in ways},
+        **{f"decode/{n}": partial(measure, ways_alone[n], args.epochs, None) for n in ways_alone},
+        "trace": lambda: trace_steps(store, out, classes=10),
+        "train_example": lambda: train_example(args.workdir, cores, seconds=60),
+    }
+    for key in args.cases.split(",") if args.cases else ORDER:
         if time.monotonic() > deadline:
             print(f"budget spent: {key} and what follows not run", flush=True)
             return
-        results.put(key, step())
+        results.put(key, every[key]())
+
+
+# What a run measures, in turn: the comparison that decides the goals first, side by side for
+# both models; then the loaders alone, the other variants, the trace and the example, as the
+# budget allows.
+_FIRST, _THEN = ("packer", "dataloader", "nvjpeg"), ("packer-augment", "packer-workers")
+_LOADERS = tuple(loaders(Path(), Path(), 1))  # their names: nothing is opened
+ORDER = [
+    *(f"{m}/{n}" for m in MODELS for n in _FIRST),
+    *(f"decode/{n}" for n in _FIRST),
+    *(f"{m}/{n}" for m in MODELS for n in _THEN),
+    "resnet50/packer-threads",
+    *(f"decode/{n}" for n in (*_LOADERS, "packer-threads-half") if n not in _FIRST),
+    "trace",
+    "train_example",
+]
+# Any of them, and each model with each loader (--cases).
+CASES = {*ORDER, *(f"{m}/{n}" for m in MODELS for n in _LOADERS)}
 
 
 # -- the page ----------------------------------------------------------------------------
@@ -879,6 +880,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out (run) or --render (page)")
+    unknown = sorted(set(args.cases.split(",")) - CASES) if args.cases else []
+    if unknown:
+        parser.error(f"--cases: no such case {', '.join(unknown)}; one of {', '.join(ORDER)}")
     import torch
 
     global DEVICE, BATCH, SIZE
