@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "MODES",
     "ImageInfo",
+    "orientation",
     "probe",
     "verify",
     "decode",

@@ -30,7 +30,7 @@ import zlib
 
 from packer.imaging.decode import DEFAULT_MAX_PIXELS, ImageInfo, orientation
 
-__all__ = ["HEAD_BYTES", "vouch", "vouch_oriented", "vouch_file"]
+__all__ = ["HEAD_BYTES", "exif_orientation", "vouch", "vouch_oriented", "vouch_file"]
 
 _JPEG = b"\xff\xd8\xff"
 _PNG = b"\x89PNG\r\n\x1a\n"
