@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from packer.about import require_torch
 from packer.errors import CorruptRecordError, UsageError
 from packer.imaging.decode import decode_array
 from packer.imaging.headers import exif_orientation
+from packer.imaging.jpeg_turbo import UPRIGHT_STEPS
 from packer.imaging.resizing import centre_box
 from packer.prefetch import Prefetcher
 
@@ -143,22 +144,11 @@ def decode_on_gpu(
 
 
 def _upright(image: Any, orientation: int) -> Any:
-    """A C x H x W ``image`` turned as Pillow's ``exif_transpose`` turns EXIF ``orientation``."""
-    turn = _TURNS.get(orientation)
-    return image if turn is None else turn(image)
-
-
-# EXIF orientation -> the turn of a C x H x W image that stands it upright
-# (packer.imaging.jpeg_turbo's, for H x W x C arrays).
-_TURNS: dict[int, Callable[[Any], Any]] = {
-    2: lambda t: t.flip(2),  # mirrored
-    3: lambda t: t.flip(1, 2),  # upside down
-    4: lambda t: t.flip(1),  # mirrored upside down
-    5: lambda t: t.transpose(1, 2),  # transposed
-    6: lambda t: t.transpose(1, 2).flip(2),  # turned a quarter, clockwise to fix
-    7: lambda t: t.flip(1, 2).transpose(1, 2),  # transverse
-    8: lambda t: t.transpose(1, 2).flip(1),  # turned a quarter, anticlockwise to fix
-}
+    """A C x H x W ``image`` turned as Pillow's ``exif_transpose`` turns EXIF ``orientation``
+    (the steps the CPU decoder takes, one axis further on)."""
+    for flip in UPRIGHT_STEPS.get(orientation, ()):
+        image = image.flip([axis + 1 for axis in flip]) if flip else image.transpose(1, 2)
+    return image
 
 
 def _undecodable(number: int, i: int, paths: Any, reason: str) -> CorruptRecordError:

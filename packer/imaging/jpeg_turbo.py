@@ -16,8 +16,6 @@ simplejpeg has no wheel to install.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from PIL import features
 
@@ -67,19 +65,24 @@ def decode(
 
 
 def upright(pixels: np.ndarray, orientation: int) -> np.ndarray:
-    """``pixels`` turned as Pillow's ``exif_transpose`` turns an image of EXIF
-    ``orientation`` (1-8); a fresh contiguous array unless already upright."""
-    turn = _TURNS.get(orientation)
-    return pixels if turn is None else np.ascontiguousarray(turn(pixels))
+    """``pixels`` (height x width x channels) turned as Pillow's ``exif_transpose`` turns an
+    image of EXIF ``orientation`` (1-8); a fresh contiguous array unless already upright."""
+    steps = UPRIGHT_STEPS.get(orientation)
+    if steps is None:
+        return pixels
+    for flip in steps:
+        pixels = np.flip(pixels, flip) if flip else pixels.swapaxes(0, 1)
+    return np.ascontiguousarray(pixels)
 
 
-# EXIF orientation -> the view of the stored pixels that stands the image upright.
-_TURNS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
-    2: lambda p: p[:, ::-1],  # mirrored
-    3: lambda p: p[::-1, ::-1],  # upside down
-    4: lambda p: p[::-1],  # mirrored upside down
-    5: lambda p: p.transpose(1, 0, 2),  # transposed
-    6: lambda p: p.transpose(1, 0, 2)[:, ::-1],  # turned a quarter, clockwise to fix
-    7: lambda p: p[::-1, ::-1].transpose(1, 0, 2),  # transverse
-    8: lambda p: p.transpose(1, 0, 2)[::-1],  # turned a quarter, anticlockwise to fix
+# EXIF orientation -> the steps that stand the stored image upright, in turn: a flip of
+# these axes (0: rows, 1: columns), or () for a swap of rows and columns.
+UPRIGHT_STEPS: dict[int, tuple[tuple[int, ...], ...]] = {
+    2: ((1,),),  # mirrored
+    3: ((0, 1),),  # upside down
+    4: ((0,),),  # mirrored upside down
+    5: ((),),  # transposed
+    6: ((), (1,)),  # turned a quarter, clockwise to fix
+    7: ((0, 1), ()),  # transverse
+    8: ((), (0,)),  # turned a quarter, anticlockwise to fix
 }

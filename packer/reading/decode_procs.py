@@ -90,9 +90,7 @@ def choose(options: ReaderOptions, manifest: Manifest) -> str:
         return "threads"  # nothing to decode: checksums and gathers are fast in threads
     if options.worker is not None or multiprocessing.current_process().daemon:
         return "threads"  # a DataLoader's worker: its processes are the parallelism
-    stats = manifest.stats or {}
-    height = (stats.get("height") or {}).get("mean")
-    width = (stats.get("width") or {}).get("mean")
+    height, width = _mean_size(manifest)
     small = bool(height and width and height * width <= SMALL_PIXELS)
     many = (options.workers or default_workers()) >= MANY_WORKERS
     if not small and not (many and _returned_pixels(options, height, width) <= RETURNED_PIXELS):
@@ -102,6 +100,12 @@ def choose(options: ReaderOptions, manifest: Manifest) -> str:
     except UsageError:
         return "threads"  # a transform that only threads can run
     return "processes"
+
+
+def _mean_size(manifest: Manifest) -> tuple[float | None, float | None]:
+    """The store's mean image height and width, from its statistics (None where unknown)."""
+    stats = manifest.stats or {}
+    return (stats.get("height") or {}).get("mean"), (stats.get("width") or {}).get("mean")
 
 
 def _returned_pixels(options: ReaderOptions, height: float | None, width: float | None) -> float:
@@ -126,9 +130,7 @@ def part_bytes(options: ReaderOptions, manifests: list[Manifest]) -> int:
     records = -(-options.batch_size // workers) + 1  # a batch is split into ``workers`` parts
     most = 0.0
     for manifest in manifests:
-        stats = manifest.stats or {}
-        height = (stats.get("height") or {}).get("mean")
-        width = (stats.get("width") or {}).get("mean")
+        height, width = _mean_size(manifest)
         channels = {"L": 1, "RGB": 3}.get(options.mode or manifest.storage.mode, 4)
         most = max(most, _returned_pixels(options, height, width) * channels)
     return int(records * most) if math.isfinite(most) else 0
@@ -346,21 +348,21 @@ def _settle(
     landing: Landing | None,
     inner: Future[tuple[Batch, list[logging.LogRecord]]],
 ) -> None:
-    if inner.done() and not inner.cancelled() and inner.exception() is None:
-        batch, _ = inner.result()
-        if isinstance(batch.images, _Landed):  # freed even where nobody waits for it now
+    if inner.cancelled():
+        if not outer.done():
+            outer.cancel()
+        return
+    error = inner.exception()
+    if error is None:
+        batch, records = inner.result()
+        if isinstance(batch.images, _Landed):  # its slot freed even if nobody waits now
             assert landing is not None
             batch.images = landing.take(batch.images)
     if outer.done():  # given up on (cancelled) while the worker ran
         return
-    if inner.cancelled():
-        outer.cancel()
-        return
-    error = inner.exception()
     if error is not None:
         outer.set_exception(error)
         return
-    batch, records = inner.result()
     for record in records:
         logger = logging.getLogger(record.name)
         if logger.isEnabledFor(record.levelno):
