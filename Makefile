@@ -73,8 +73,8 @@ bench: install install-torch
 
 # The measurements behind the design notes, one after another (each a few minutes at most),
 # each rewriting its page under docs/benchmarks/components/.
-COMPONENTS := row_checks decode_pool array_export resize lmdb_write hdf5_layout gather_paths dask
-bench-components: install
+COMPONENTS := row_checks decode_pool array_export resize lmdb_write hdf5_layout gather_paths dask loader_cpu
+bench-components: install install-torch
 	for name in $(COMPONENTS); do $(BIN)/python benchmarks/bench_$$name.py || exit 1; done
 
 # The wheel and the sdist in dist/, by the standard front end; their metadata and contents

@@ -76,9 +76,11 @@ SMOKE = {
     "bench_lmdb_write.py": ["--count", 20, "--repeat", 1],
     "bench_dask.py": ["--images", 30, "--shards", 2, "--workers", 1],
     "bench_gather_paths.py": ["--images", 200, "--epochs", 1, "--repeat", 1],
+    "bench_loader_cpu.py": ["--images", 60, "--repeat", 1, "--workers", 1],
 }
+NEEDS_TORCH = {"bench_loader_cpu.py"}
 # Where a script keeps generated images between runs: a temporary folder here.
-WORKDIR = {"bench_blocks.py", "bench_resize.py", "bench_gather_paths.py"}
+WORKDIR = {"bench_blocks.py", "bench_resize.py", "bench_gather_paths.py", "bench_loader_cpu.py"}
 
 
 def _figures(page: str) -> list[list[str]]:
@@ -89,6 +91,8 @@ def _figures(page: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_a_component_script_writes_its_page(script: str, tmp_path: Path) -> None:
+    if script in NEEDS_TORCH:
+        pytest.importorskip("torch", reason=f"{script} measures a DataLoader")
     out = tmp_path / "page.md"
     args = [*SMOKE[script], "--out", out]
     if script in WORKDIR:

@@ -24,6 +24,7 @@ import numpy as np
 from packer.augment import Augment, record_rng
 from packer.errors import CorruptRecordError
 from packer.fork_gate import FORK_GATE
+from packer.reading.batch_memory import BatchMemory
 from packer.reading.epoch import Span
 from packer.store.access import DAMAGE, Store, record_pixels
 from packer.store.base import Fetched
@@ -273,9 +274,12 @@ def split_window(window: Window, parts: int) -> list[Window]:
     return [window.rows(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def merge_batches(parts: list[Batch], stack: bool = True) -> Batch:
+def merge_batches(
+    parts: list[Batch], stack: bool = True, memory: BatchMemory | None = None
+) -> Batch:
     """The finished pieces of one batch, back in one Batch; with ``stack`` (no user collate),
-    lists of images become one array when their shapes agree: one copy for the whole batch."""
+    lists of images become one array when their shapes agree: one copy for the whole batch
+    (into ``memory``, where given)."""
     if len(parts) == 1:
         batch = parts[0]
     else:
@@ -287,7 +291,7 @@ def merge_batches(parts: list[Batch], stack: bool = True) -> Batch:
             sum(part.nbytes for part in parts),
         )
     if stack and isinstance(batch.images, list):
-        batch.images = _stack(batch.images)
+        batch.images = _stack(batch.images, memory)
     return batch
 
 
@@ -431,13 +435,17 @@ class _Damaged(Exception):
     """A payload that fails its checksum."""
 
 
-def _stack(images: list[Any]) -> np.ndarray | list[Any]:
-    """One array when every image is an array of one shape, else the list, every array in it
-    writable (a transform may write in place)."""
+def _stack(images: list[Any], memory: BatchMemory | None = None) -> np.ndarray | list[Any]:
+    """One array when every image is an array of one shape (in ``memory``, where given and
+    they share a type), else the list, every array in it writable (a transform may write in
+    place)."""
     if images and all(isinstance(im, np.ndarray) for im in images):
-        first = images[0].shape
-        if all(im.shape == first for im in images):
-            return np.stack(images)
+        first = images[0]
+        if all(im.shape == first.shape for im in images):
+            out = None
+            if memory is not None and all(im.dtype == first.dtype for im in images):
+                out = memory.empty((len(images), *first.shape), first.dtype)
+            return np.stack(images, out=out)
     return [
         im.copy() if isinstance(im, np.ndarray) and not im.flags.writeable else im for im in images
     ]

@@ -32,6 +32,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -46,6 +47,7 @@ from packer.errors import UsageError
 from packer.imaging import decode as imaging
 from packer.imaging import resizing
 from packer.lifeline import die_with_parent
+from packer.reading.batch_memory import BatchMemory
 from packer.reading.batching import Batch, Window, finish_batch, merge_batches
 
 if TYPE_CHECKING:
@@ -53,7 +55,15 @@ if TYPE_CHECKING:
     from packer.store.access import Store
     from packer.store.manifest import Manifest
 
-__all__ = ["DECODE_IN", "SMALL_PIXELS", "choose", "part_bytes", "ProcessDecoder", "merge_parts"]
+__all__ = [
+    "DECODE_IN",
+    "SMALL_PIXELS",
+    "choose",
+    "part_bytes",
+    "ProcessDecoder",
+    "BatchRows",
+    "merge_parts",
+]
 
 DECODE_IN = ("threads", "processes")
 # Images of at most this many pixels on average (the store's own statistics) decode in
@@ -127,7 +137,8 @@ def part_bytes(options: ReaderOptions, manifests: list[Manifest]) -> int:
     ``size``; else for each store's mean image (``augment``'s output for it, or the image
     itself); 0 where no store knows its mean. A part that comes back larger takes the pipe."""
     workers = options.workers or default_workers()
-    records = -(-options.batch_size // workers) + 1  # a batch is split into ``workers`` parts
+    # A batch is split into ``workers`` parts, of at least 8 records each (split_window).
+    records = max(-(-options.batch_size // workers), min(options.batch_size, 15)) + 1
     most = 0.0
     for manifest in manifests:
         height, width = _mean_size(manifest)
@@ -224,19 +235,30 @@ class ProcessDecoder:
         self.pid = os.getpid()
         self._pool.submit(int).result()  # with fork, the first task starts every worker
 
-    def submit(self, store: int, part: Window, epoch: int) -> Future[Batch]:
+    def submit(
+        self, store: int, part: Window, epoch: int, rows: BatchRows | None = None, at: int = 0
+    ) -> Future[Batch]:
         """Finish ``part``, records of the reader's ``store``-th store in ``epoch`` (what
         augmentation draws are keyed by), in a worker; its payloads travel as bytes (not
-        views of a map).
+        views of a map). ``rows``: the batch's, which this part's begin at ``at``, for pixels
+        that land in shared memory to be copied straight there.
         What the worker logged (records skipped with on_error="skip") is logged here, as
         the threads would have logged it."""
         if not isinstance(part.data, np.ndarray):
             part = replace(part, data=[p if isinstance(p, bytes) else bytes(p) for p in part.data])
         inner = self._pool.submit(_finish_part, store, part, epoch)
         outer: Future[Batch] = Future()
-        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
-        inner.add_done_callback(partial(_settle, outer, self._landing))
+        # The pool holds ``inner`` until it is done, and ``inner`` holds ``outer`` until then:
+        # a strong reference back would make a cycle, and the part's pixels (a batch's rows)
+        # would live on until the garbage collector came by.
+        outer.add_done_callback(partial(_cancel_with, weakref.ref(inner)))
+        inner.add_done_callback(partial(_settle, outer, self._landing, rows, at))
         return outer
+
+    def batch_rows(self, records: int, memory: BatchMemory) -> BatchRows | None:
+        """Rows for a batch of ``records`` whose parts' pixels land in shared memory (None
+        where none land), in ``memory``."""
+        return BatchRows(records, memory) if self._landing is not None else None
 
     @property
     def landed(self) -> int:
@@ -271,19 +293,28 @@ class ProcessDecoder:
             worker.close()  # its sentinel pipes
 
 
-def merge_parts(parts: list[Batch], stack: bool) -> Batch:
-    """The finished parts of one batch in one Batch: arrays of one shape joined in one copy."""
+def merge_parts(
+    parts: list[Batch], stack: bool, memory: BatchMemory, rows: BatchRows | None = None
+) -> Batch:
+    """The finished parts of one batch in one Batch: arrays of one shape joined in one copy
+    into ``memory``, or in none where each landed in its place in ``rows``."""
     arrays = [p.images for p in parts if isinstance(p.images, np.ndarray)]
     joinable = len(arrays) == len(parts) and len({a.shape[1:] for a in arrays}) == 1
     if stack and len(parts) > 1 and joinable:
+        whole = rows.whole(arrays) if rows is not None else None
+        if whole is None and len({a.dtype for a in arrays}) == 1:
+            shape = (sum(len(a) for a in arrays), *arrays[0].shape[1:])
+            whole = np.concatenate(arrays, out=memory.empty(shape, arrays[0].dtype))
+        elif whole is None:
+            whole = np.concatenate(arrays)
         return Batch(
-            np.concatenate(arrays),
+            whole,
             np.concatenate([p.labels for p in parts]),
             [path for p in parts for path in p.paths],
             sum(p.skipped for p in parts),
             sum(p.nbytes for p in parts),
         )
-    return merge_batches(parts, stack)
+    return merge_batches(parts, stack, memory)
 
 
 class Landing:
@@ -321,17 +352,57 @@ class Landing:
         view[:] = images.reshape(-1).view(np.uint8)
         return _Landed(free, images.shape, images.dtype.str)
 
-    def take(self, landed: _Landed) -> np.ndarray:
-        """In the reader's process: the pixels copied out of their slot, which is then free."""
+    def take(self, landed: _Landed, rows: BatchRows | None = None, at: int = 0) -> np.ndarray:
+        """In the reader's process: the pixels copied out of their slot, which is then free:
+        to ``rows`` from row ``at`` on where they fit there, else to an array of their own."""
         dtype = np.dtype(landed.dtype)
         count = math.prod(landed.shape)
         view = np.frombuffer(self.area, dtype, count, landed.slot * self.slot_bytes)
-        images = view.reshape(landed.shape).copy()
+        view = view.reshape(landed.shape)
+        images = rows.put(at, view) if rows is not None else None
+        if images is None:
+            images = view.copy()
         # Without the lock, which a killed worker may hold: one byte, and only workers
         # looking for a free slot read it.
         self.taken.get_obj()[landed.slot] = 0
         self.landed += 1
         return images
+
+
+class BatchRows:
+    """One batch's array, which its parts' pixels are copied into, each to its own rows, as
+    they come out of their landing slots: joining the parts then copies nothing. Made once
+    the first part's pixels give the shape of an image."""
+
+    def __init__(self, records: int, memory: BatchMemory) -> None:
+        self.records, self.memory = records, memory
+        self.array: np.ndarray | None = None
+        self._lock = threading.Lock()  # parts settle in the pool's thread, or in the submitter's
+
+    def put(self, at: int, images: np.ndarray) -> np.ndarray | None:
+        """``images`` copied to rows ``at`` on; None where they do not fit there (another
+        image shape than the parts before, or beyond the batch)."""
+        with self._lock:
+            if self.array is None:
+                self.array = self.memory.empty((self.records, *images.shape[1:]), images.dtype)
+            array = self.array
+        rows = array[at : at + len(images)]
+        if rows.shape != images.shape or rows.dtype != images.dtype:
+            return None
+        rows[...] = images
+        return rows
+
+    def whole(self, arrays: list[np.ndarray]) -> np.ndarray | None:
+        """The batch's array where ``arrays``, the parts' pixels in order, are its rows one
+        after another from the first to the last (none skipped); else None."""
+        array, at = self.array, 0
+        if array is None:
+            return None
+        for images in arrays:
+            if images.ctypes.data != array[at:].ctypes.data:  # not copied to its place
+                return None
+            at += len(images)
+        return array if at == self.records else None
 
 
 @dataclass(frozen=True)
@@ -343,9 +414,18 @@ class _Landed:
     dtype: str
 
 
+def _cancel_with(inner: weakref.ref[Future[Any]], outer: Future[Batch]) -> None:
+    """``outer`` done: cancel ``inner`` too if ``outer`` was cancelled."""
+    task = inner()
+    if task is not None and outer.cancelled():
+        task.cancel()
+
+
 def _settle(
     outer: Future[Batch],
     landing: Landing | None,
+    rows: BatchRows | None,
+    at: int,
     inner: Future[tuple[Batch, list[logging.LogRecord]]],
 ) -> None:
     if inner.cancelled():
@@ -357,7 +437,7 @@ def _settle(
         batch, records = inner.result()
         if isinstance(batch.images, _Landed):  # its slot freed even if nobody waits now
             assert landing is not None
-            batch.images = landing.take(batch.images)
+            batch.images = landing.take(batch.images, rows, at)
     if outer.done():  # given up on (cancelled) while the worker ran
         return
     if error is not None:
@@ -385,6 +465,7 @@ class _Collect(logging.Handler):
 
 _worker: tuple[list[tuple[_Names, dict[str, Any]]], bool, Landing | None] | None = None
 _collected = _Collect()
+_part_memory = BatchMemory(2)  # a worker's, for each part's pixels
 
 
 def _init_worker(
@@ -409,8 +490,8 @@ def _finish_part(store: int, part: Window, epoch: int) -> tuple[Batch, list[logg
     names, finish = stores[store]
     _collected.records = []
     batch = finish_batch(part, store=cast("Store", names), epoch=epoch, **finish)
-    if stack:
-        batch = merge_batches([batch], stack)
+    if stack:  # in memory used again: the part is copied on at once, to a slot or the pipe
+        batch = merge_batches([batch], stack, _part_memory)
     if landing is not None and isinstance(batch.images, np.ndarray):
         landed = landing.put(batch.images)
         if landed is not None:

@@ -27,6 +27,7 @@ from packer.augment import source_seed
 from packer.imaging import decode as imaging
 from packer.imaging import resizing
 from packer.reading import epoch as plan
+from packer.reading.batch_memory import BatchMemory
 from packer.reading.batching import (
     Batch,
     Ordered,
@@ -34,11 +35,16 @@ from packer.reading.batching import (
     Window,
     concat,
     finish_batch,
-    merge_batches,
     read_window,
     split_window,
 )
-from packer.reading.decode_procs import ProcessDecoder, choose, merge_parts, part_bytes
+from packer.reading.decode_procs import (
+    BatchRows,
+    ProcessDecoder,
+    choose,
+    merge_parts,
+    part_bytes,
+)
 from packer.reading.lanes import Lane, Layout, Phase, Piece, Planner
 from packer.reading.readahead import (
     SUPPORTED,
@@ -108,6 +114,10 @@ class Producer:
         chosen = {choose(options, source.manifest) for source in sources}
         self.decode_in = "processes" if chosen == {"processes"} else "threads"
         self._processes: ProcessDecoder | None = None
+        # Batches in the queue and in the pool's hands, and a few more: about as many as are
+        # ever alive at once.
+        workers = options.workers or default_workers()
+        self._memory = BatchMemory(options.prefetch + workers + 2)
         # Whatever the threads will import, imported here: see imaging.load_plugins.
         imaging.load_plugins()
         if options.size is not None or options.augment is not None:
@@ -192,12 +202,7 @@ class Producer:
         split = 1 if ready or opts.collate is not None else workers
         processes = None if ready else self.start_processes()
         with ThreadPoolExecutor(workers, thread_name_prefix="packer-decode") as pool:
-            submit: Callable[[int, Window], Future[Batch]] = (
-                partial(processes.submit, epoch=epoch)
-                if processes
-                else lambda i, part: pool.submit(finish[i], part)
-            )
-            pending: deque[list[tuple[int, Future[Batch]]]] = deque()
+            pending: deque[tuple[list[tuple[int, Future[Batch]]], BatchRows | None]] = deque()
             try:
                 for parts, rows, sources in self._gathered(
                     stores, lane, verify, shared, epoch, ready
@@ -214,26 +219,39 @@ class Producer:
                     # into its share of the pieces: a piece per store per worker doubled
                     # the hand-offs (and, with processes, the messages) per batch.
                     records = sum(len(window) for _, window in windows)
-                    pending.append(
-                        [
-                            (i, submit(i, piece))
-                            for i, window in windows
-                            for piece in split_window(window, round(split * len(window) / records))
+                    pieces = [
+                        (i, piece)
+                        for i, window in windows
+                        for piece in split_window(window, round(split * len(window) / records))
+                    ]
+                    if processes is not None:
+                        # Pixels that land in shared memory are copied to their rows of the
+                        # batch as they come: joining the parts copies nothing more.
+                        batch_rows = processes.batch_rows(records, self._memory)
+                        starts = np.cumsum([0] + [len(p) for _, p in pieces]).tolist()
+                        futures = [
+                            (i, processes.submit(i, piece, epoch, batch_rows, at))
+                            for (i, piece), at in zip(pieces, starts, strict=False)
                         ]
-                    )
+                    else:
+                        batch_rows = None
+                        futures = [(i, pool.submit(finish[i], piece)) for i, piece in pieces]
+                    pending.append((futures, batch_rows))
                     # A batch goes once done, or once the pool has enough in hand without
                     # it: a done batch kept back waits for the next gather, which may be
                     # waiting for the disk (an epoch's opening window).
                     while pending and (
-                        len(pending) > workers or all(f.done() for _, f in pending[0])
+                        len(pending) > workers or all(f.done() for _, f in pending[0][0])
                     ):
-                        done = [(i, _result(f, stop)) for i, f in pending.popleft()]
-                        yield mover(self._joined(done))
+                        futures, batch_rows = pending.popleft()
+                        done = [(i, _result(f, stop)) for i, f in futures]
+                        yield mover(self._joined(done, batch_rows=batch_rows))
                 while pending:
-                    done = [(i, _result(f, stop)) for i, f in pending.popleft()]
-                    yield mover(self._joined(done))
+                    futures, batch_rows = pending.popleft()
+                    done = [(i, _result(f, stop)) for i, f in futures]
+                    yield mover(self._joined(done, batch_rows=batch_rows))
             finally:
-                for futures in pending:
+                for futures, _ in pending:
                     for _, future in futures:
                         future.cancel()
 
@@ -242,17 +260,19 @@ class Producer:
         parts: list[tuple[int, Batch]],
         rows: np.ndarray | None = None,
         sources: np.ndarray | None = None,
+        batch_rows: BatchRows | None = None,
     ) -> Batch:
         """One batch of its finished parts; in a mixture, with the store of each record
-        (``sources``: as planned, for ``rows`` gathered whole, where no record is skipped)."""
+        (``sources``: as planned, for ``rows`` gathered whole, where no record is skipped;
+        ``batch_rows``: the batch array the parts' pixels may have been copied into)."""
         stack = self.options.collate is None
         if not self.planner.mixed:
-            return merge_parts([batch for _, batch in parts], stack=stack)
+            return merge_parts([batch for _, batch in parts], stack, self._memory, batch_rows)
         if rows is not None and all(
             isinstance(b.images, np.ndarray) and not b.skipped for _, b in parts
         ):
             return _one_batch(parts, rows, sources)
-        batch = merge_batches([b for _, b in parts], stack=stack)
+        batch = merge_parts([b for _, b in parts], stack, self._memory, batch_rows)
         batch.sources = np.repeat(
             np.array([i for i, _ in parts], np.int64), [len(b.paths) for _, b in parts]
         )
@@ -323,7 +343,7 @@ class Producer:
                 if n < size and opts.drop_last:
                     break
                 counts = [n] if per_batch is None else counts_of[number]
-                rows = np.empty((n, *shared), np.uint8) if shared else None
+                rows = self._memory.empty((n, *shared)) if shared else None
                 parts: list[tuple[int, Window | Batch]] = []
                 finished = stored and rows is not None
                 row = 0

@@ -1,0 +1,69 @@
+"""Memory for batch arrays, used again once nothing refers to a batch any more.
+
+A new array as large as a batch is new memory to the kernel: it maps and zeroes each page as
+the batch is first written, which costs the reader's process more than the copy that writes
+it (benchmarks/bench_loader_cpu.py measures that process). An array from ``BatchMemory.empty`` is a
+view of memory the pool keeps, through a ctypes buffer that every view of the array, NumPy's
+or torch's, holds on to; once the last of them is gone, the memory goes back to the pool for a
+later batch. Nothing ever waits for memory: with none free, a new array is made, and the pool
+keeps only a few free ones.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BatchMemory"]
+
+
+class _Block:
+    """Memory the pool owns (a holder: the free list finds its blocks by identity)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.array = np.empty(nbytes, np.uint8)
+
+
+class BatchMemory:
+    """Batch arrays from a pool of at most ``keep`` free blocks.
+
+    Without locks: a block comes back from whichever thread drops the last view of it, and a
+    deque's append and remove are each one step for the other threads (a block taken twice
+    is found missing by the second and left to it)."""
+
+    def __init__(self, keep: int) -> None:
+        self._free: deque[_Block] = deque(maxlen=keep)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
+        """A new, uninitialised array, in a free block where one fits."""
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not nbytes:
+            return np.empty(shape, dtype)
+        block = self._take(nbytes) or _Block(nbytes)
+        lent = (ctypes.c_uint8 * nbytes).from_buffer(block.array)
+        weakref.finalize(lent, self._free.append, block).atexit = False
+        return np.frombuffer(lent, dtype).reshape(shape)
+
+    def _take(self, nbytes: int) -> _Block | None:
+        """A free block of ``nbytes`` to twice that (more would be memory held for little)."""
+        for block in list(self._free):
+            if nbytes <= len(block.array) <= 2 * nbytes:
+                try:
+                    self._free.remove(block)
+                except ValueError:  # another thread took it first
+                    continue
+                return block
+        return None
+
+    @property
+    def free(self) -> int:
+        """Blocks free now."""
+        return len(self._free)
