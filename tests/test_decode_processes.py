@@ -19,9 +19,12 @@ from helpers import child_pids, process_alive, store_path, write_image
 from packer import PackOptions, open_reader, pack
 from packer.augment import RandomResizedCrop
 from packer.errors import CorruptRecordError, UsageError
-from packer.reading.decode_procs import MANY_WORKERS, Landing, ProcessDecoder, choose
+from packer.reading.batching import read_window
+from packer.reading.decode_procs import MANY_WORKERS, ProcessDecoder, _owned, choose
+from packer.reading.epoch import Span
 from packer.reading.options import ReaderOptions
-from packer.store.access import open_manifest
+from packer.reading.shared_slots import Landing, Outbox
+from packer.store.access import Store, open_manifest
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,82 @@ def test_a_landing_slot_is_used_once_at_a_time_and_what_does_not_fit_is_refused(
     np.testing.assert_array_equal(landing.take(slots[1]), second)
     np.testing.assert_array_equal(landing.take(again), second)
     assert landing.landed == 3
+
+
+def test_an_outbox_slot_holds_a_parts_payloads_until_released() -> None:
+    outbox = Outbox(2, 16, multiprocessing.get_context("fork"))
+    first = outbox.send([b"abc", memoryview(b"defgh"), b""])
+    second = outbox.send([b"x" * 16])
+    assert first is not None and second is not None and first.slot != second.slot
+    assert outbox.send([b"y"]) is None  # both slots taken
+    assert [bytes(p) for p in outbox.received(first)] == [b"abc", b"defgh", b""]
+    outbox.release(first.slot)
+    assert outbox.send([b"z" * 17]) is None  # larger than a slot
+    again = outbox.send([b"1", b"22"])
+    assert again is not None and again.slot == first.slot
+    assert [bytes(p) for p in outbox.received(again)] == [b"1", b"22"]
+    assert [bytes(p) for p in outbox.received(second)] == [b"x" * 16]
+    assert outbox.sent == 3
+
+
+def test_a_worker_copies_an_image_that_lies_in_the_outbox() -> None:
+    """An image that is its payload as it lies (raw pixels kept as they are) is copied before
+    the part's slot is freed: the slot is another part's once freed."""
+    outbox = Outbox(2, 64, multiprocessing.get_context("fork"))
+    sent = outbox.send([bytes(range(48))])
+    assert sent is not None
+    (payload,) = outbox.received(sent)
+    view = np.frombuffer(payload, np.uint8).reshape(4, 4, 3)
+    elsewhere = np.zeros((4, 4, 3), np.uint8)
+    copied = _owned(view, outbox)
+    assert copied is not view and not outbox.holds(copied) and outbox.holds(view)
+    np.testing.assert_array_equal(copied, view)
+    assert _owned(elsewhere, outbox) is elsewhere and _owned("text", outbox) == "text"
+
+
+def _slowly(image: np.ndarray) -> np.ndarray:
+    time.sleep(0.005)  # parts take long enough to be in flight when an epoch is left
+    return image
+
+
+def test_payloads_go_out_through_shared_memory_and_every_slot_comes_back(small: Path) -> None:
+    """Each part's payloads reach its worker through an outbox slot, and every slot is free
+    again once its part is done, or was never taken: epochs left after a batch give back
+    the slots of the parts they had in hand."""
+    options = {"size": (8, 6), "decode_in": "processes", "workers": 2, "across_epochs": False}
+    with open_reader(small, batch_size=16, transform=_slowly, **options) as reader:
+        whole = list(reader.epoch(0))
+        decoder = reader._producer._processes
+        assert decoder is not None and decoder._outbox is not None
+        parts = decoder.landed  # each part's pixels came back through shared memory
+        assert parts >= len(whole) and decoder.sent == parts  # and its payloads went out so
+        for epoch in range(1, 4):
+            next(iter(reader.epoch(epoch)))  # then left: its parts in flight are given up
+        again = list(reader.epoch(4))
+        assert [len(b) for b, _ in again] == [len(b) for b, _ in whole]
+        deadline = time.monotonic() + 10
+        while any(decoder._outbox.taken[:]) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a cancelled part's slot is freed by the pool's thread
+        assert not any(decoder._outbox.taken[:])
+
+
+def test_a_part_cancelled_before_a_worker_took_it_gives_its_outbox_slot_back(
+    small: Path,
+) -> None:
+    options = {"size": (8, 6), "decode_in": "processes", "workers": 2, "transform": _slowly}
+    with open_reader(small, batch_size=8, **options) as reader, Store(small) as store:
+        decoder = reader._producer.start_processes()
+        assert decoder is not None and decoder._outbox is not None
+        window = read_window(store, [Span(0, 0, 40)])
+        # As many parts as the outbox has slots: (workers + 2) x workers.
+        futures = [decoder.submit(0, window.rows(a % 40, a % 40 + 8), 0) for a in range(0, 64, 8)]
+        assert decoder.sent == len(futures) == 8
+        cancelled = sum(future.cancel() for future in futures[::-1])  # queued ones, last first
+        assert cancelled >= len(futures) - 5  # at most a part in each worker, and 3 queued
+        deadline = time.monotonic() + 10
+        while any(decoder._outbox.taken[:]) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the parts under way finish, and free their slots
+        assert not any(decoder._outbox.taken[:])
 
 
 def test_small_images_decode_in_processes_by_default(small: Path, tmp_path: Path) -> None:

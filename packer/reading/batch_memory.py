@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 import weakref
 from collections import deque
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchMemory"]
+__all__ = ["BatchMemory", "BatchRows"]
 
 
 class _Block:
@@ -67,3 +68,39 @@ class BatchMemory:
     def free(self) -> int:
         """Blocks free now."""
         return len(self._free)
+
+
+class BatchRows:
+    """One batch's array, which its parts' pixels are copied into, each to its own rows, as
+    they come out of their landing slots: joining the parts then copies nothing. Made once
+    the first part's pixels give the shape of an image."""
+
+    def __init__(self, records: int, memory: BatchMemory) -> None:
+        self.records, self.memory = records, memory
+        self.array: np.ndarray | None = None
+        self._lock = threading.Lock()  # parts settle in the pool's thread, or in the submitter's
+
+    def put(self, at: int, images: np.ndarray) -> np.ndarray | None:
+        """``images`` copied to rows ``at`` on; None where they do not fit there (another
+        image shape than the parts before, or beyond the batch)."""
+        with self._lock:
+            if self.array is None:
+                self.array = self.memory.empty((self.records, *images.shape[1:]), images.dtype)
+            array = self.array
+        rows = array[at : at + len(images)]
+        if rows.shape != images.shape or rows.dtype != images.dtype:
+            return None
+        rows[...] = images
+        return rows
+
+    def whole(self, arrays: list[np.ndarray]) -> np.ndarray | None:
+        """The batch's array where ``arrays``, the parts' pixels in order, are its rows one
+        after another from the first to the last (none skipped); else None."""
+        array, at = self.array, 0
+        if array is None:
+            return None
+        for images in arrays:
+            if images.ctypes.data != array[at:].ctypes.data:  # not copied to its place
+                return None
+            at += len(images)
+        return array if at == self.records else None

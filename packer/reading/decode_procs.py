@@ -9,30 +9,30 @@ dozen of them the slivers add up to the whole, while the training loop, queueing
 kernels, waits its turn too. Worker processes each have their own GIL, and leave the
 training process's to the training loop.
 
-    producer thread: read_window -> gather -> [bytes of one batch part] --pipe--> worker process
+    producer thread: read_window -> gather -> a batch part's payloads -> an outbox slot
     worker process:  finish_batch (verify, decode, transform) -> one array -> a landing slot
-    reader's process: the slot's pixels copied out, once -> merged batch
+    reader's process: the slot's pixels copied once, to their rows of the batch (BatchRows)
 
-A part goes out through a pipe as its payloads and metadata. Its pixels come back through
-shared memory where they fit the size expected of a part (exact with ``size``, else from the
-store's mean image): a slot of an area mapped before the workers were forked. Through a pipe
-they were pickled, written, read and unpickled, and the reader's one process, which does
-that for every worker, spent most of its time on it. A part that finds no slot free, or does
-not fit, comes back through the pipe. For a large image coming back whole, on a few cores,
-even that one copy costs more than the GIL does, so ``choose`` keeps threads for it.
+Both ways the bytes go through shared memory (packer.reading.shared_slots), and only the
+part's metadata and the slot's number through the pipe: pickled, written, read and
+unpickled, the bytes cost the reader's one process, which does that for every worker, most
+of its time. A slot holds what is expected of a part (pixels: exact with ``size``, else from
+the store's mean image; payloads: twice the store's mean); a part that finds no slot free,
+or does not fit, takes the pipe. For a large image coming back whole, on a few cores, even
+that one copy costs more than the GIL does, so ``choose`` keeps threads for it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import mmap
 import multiprocessing
 import os
 import signal
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -47,8 +47,9 @@ from packer.errors import UsageError
 from packer.imaging import decode as imaging
 from packer.imaging import resizing
 from packer.lifeline import die_with_parent
-from packer.reading.batch_memory import BatchMemory
+from packer.reading.batch_memory import BatchMemory, BatchRows
 from packer.reading.batching import Batch, Window, finish_batch, merge_batches
+from packer.reading.shared_slots import Landed, Landing, Outbox, Sent
 
 if TYPE_CHECKING:
     from packer.reading.options import ReaderOptions
@@ -61,7 +62,6 @@ __all__ = [
     "choose",
     "part_bytes",
     "ProcessDecoder",
-    "BatchRows",
     "merge_parts",
 ]
 
@@ -78,10 +78,9 @@ SMALL_PIXELS = 128 * 128
 # Larger outputs keep threads: their copy back is the cost bench_small_images measures.
 MANY_WORKERS = 8
 RETURNED_PIXELS = 256 * 256
-# The most address space the landing slots map: a part beyond half of it takes the pipe.
-_LANDING_BYTES = 1 << 30
-# How long a worker waits for the landing slots' lock before sending its part by the pipe.
-_LOCK_WAIT_S = 1.0
+# The most address space the landing slots map, and the outbox's: pages are touched only as
+# slots are used, and a part larger than half of it takes the pipe.
+_AREA_BYTES = 1 << 30
 # How long close() waits for the pool's manager thread to reap its workers, which it does as
 # soon as they have ended or been killed: a bound, so that close never hangs on it.
 _MANAGER_WAIT_S = 5.0
@@ -136,15 +135,27 @@ def part_bytes(options: ReaderOptions, manifests: list[Manifest]) -> int:
     """The bytes of pixels a batch part brings back: the size of a landing slot. Exact with
     ``size``; else for each store's mean image (``augment``'s output for it, or the image
     itself); 0 where no store knows its mean. A part that comes back larger takes the pipe."""
-    workers = options.workers or default_workers()
-    # A batch is split into ``workers`` parts, of at least 8 records each (split_window).
-    records = max(-(-options.batch_size // workers), min(options.batch_size, 15)) + 1
     most = 0.0
     for manifest in manifests:
         height, width = _mean_size(manifest)
         channels = {"L": 1, "RGB": 3}.get(options.mode or manifest.storage.mode, 4)
         most = max(most, _returned_pixels(options, height, width) * channels)
-    return int(records * most) if math.isfinite(most) else 0
+    return int(_part_records(options) * most) if math.isfinite(most) else 0
+
+
+def payload_bytes(options: ReaderOptions, manifests: list[Manifest]) -> int:
+    """The bytes of payloads a batch part takes to a worker: the size of an outbox slot, for
+    twice each store's mean payload (payloads vary); 0 where no store knows its mean. A part
+    that is larger takes the pipe."""
+    means = [(m.stats.get("payload_bytes") or {}).get("mean") or 0 for m in manifests]
+    return int(_part_records(options) * 2 * max(means)) if all(means) else 0
+
+
+def _part_records(options: ReaderOptions) -> int:
+    """The most records of a batch part: a batch is split into ``workers`` parts, of at least
+    8 records each (split_window)."""
+    workers = options.workers or default_workers()
+    return max(-(-options.batch_size // workers), min(options.batch_size, 15)) + 1
 
 
 def _check_sendable(options: ReaderOptions) -> None:
@@ -202,11 +213,12 @@ class ProcessDecoder:
         stores: list[tuple[Path, Manifest, dict[str, Any]]],
         stack: bool,
         part_bytes: int = 0,
+        payload_bytes: int = 0,
     ) -> None:
         """``stores``: each store the reader reads (a mixture has several), with finish_batch's
         keywords for it but the store, the stop event and the epoch. ``part_bytes``: the
         most a batch part's pixels take, where known in advance (else 0): the size of a
-        landing slot."""
+        landing slot; ``payload_bytes``: of its payloads, the size of an outbox slot."""
         given = [
             (_Names(str(path), _Shards([_ShardFile(s.file) for s in manifest.shards])), finish)
             for path, manifest, finish in stores
@@ -218,19 +230,17 @@ class ProcessDecoder:
             imaging.load_plugins()
             resizing.load()
         context = multiprocessing.get_context(method)
-        # Mapped before the fork, so every worker shares it; spawned workers could not.
-        # Slots are taken lowest first: only as many as are busy at once are ever touched.
-        slots = min(2 * workers + 2, _LANDING_BYTES // max(part_bytes, 1))
-        self._landing = (
-            Landing(slots, part_bytes, context)
-            if method == "fork" and stack and part_bytes and slots >= 2
-            else None
-        )
+        # Mapped before the fork, so every worker shares them; spawned workers could not.
+        # Parts in flight: the batches the producer keeps in hand (workers + 1), each split
+        # into a part per worker; a landing slot is held only while a part is copied out.
+        fork = method == "fork"
+        self._landing = _slots(Landing, 2 * workers + 2, part_bytes, context, fork and stack)
+        self._outbox = _slots(Outbox, (workers + 2) * workers, payload_bytes, context, fork)
         self._pool = ProcessPoolExecutor(
             workers,
             context,
             initializer=_init_worker,
-            initargs=(given, stack, os.getpid(), kernel, self._landing),
+            initargs=(given, stack, os.getpid(), kernel, self._landing, self._outbox),
         )
         self.pid = os.getpid()
         self._pool.submit(int).result()  # with fork, the first task starts every worker
@@ -244,15 +254,21 @@ class ProcessDecoder:
         that land in shared memory to be copied straight there.
         What the worker logged (records skipped with on_error="skip") is logged here, as
         the threads would have logged it."""
+        sent = None
         if not isinstance(part.data, np.ndarray):
-            part = replace(part, data=[p if isinstance(p, bytes) else bytes(p) for p in part.data])
+            sent = self._outbox.send(part.data) if self._outbox is not None else None
+            data = sent or [p if isinstance(p, bytes) else bytes(p) for p in part.data]
+            part = replace(part, data=data)
         inner = self._pool.submit(_finish_part, store, part, epoch)
         outer: Future[Batch] = Future()
         # The pool holds ``inner`` until it is done, and ``inner`` holds ``outer`` until then:
         # a strong reference back would make a cycle, and the part's pixels (a batch's rows)
         # would live on until the garbage collector came by.
         outer.add_done_callback(partial(_cancel_with, weakref.ref(inner)))
-        inner.add_done_callback(partial(_settle, outer, self._landing, rows, at))
+        unsent = None  # what frees the part's outbox slot if no worker ever takes it
+        if sent is not None and self._outbox is not None:
+            unsent = partial(self._outbox.release, sent.slot)
+        inner.add_done_callback(partial(_settle, outer, self._landing, rows, at, unsent))
         return outer
 
     def batch_rows(self, records: int, memory: BatchMemory) -> BatchRows | None:
@@ -264,6 +280,11 @@ class ProcessDecoder:
     def landed(self) -> int:
         """How many parts' pixels came back through shared memory so far."""
         return 0 if self._landing is None else self._landing.landed
+
+    @property
+    def sent(self) -> int:
+        """How many parts' payloads went to the workers through shared memory so far."""
+        return 0 if self._outbox is None else self._outbox.sent
 
     def close(self) -> None:
         """Stop the workers; a task under way is abandoned: its worker is killed, so that a
@@ -317,103 +338,6 @@ def merge_parts(
     return merge_batches(parts, stack, memory)
 
 
-class Landing:
-    """Slots of shared memory that workers write a finished part's pixels into, and the
-    reader's process copies them out of. Mapped anonymous and shared before the workers are
-    forked, so nothing outlives the processes that map it; ``taken`` marks the slots in use."""
-
-    def __init__(self, slots: int, slot_bytes: int, context: Any) -> None:
-        self.slot_bytes = slot_bytes
-        self.area = mmap.mmap(-1, slots * slot_bytes)
-        self.taken = context.Array("B", slots)  # with a lock the workers share
-        self.landed = 0  # counted in the reader's process
-
-    def put(self, images: np.ndarray) -> _Landed | None:
-        """In a worker: ``images`` written to a free slot, or None if none is free or they
-        do not fit (the pipe takes them instead)."""
-        if (
-            images.nbytes > self.slot_bytes
-            or not images.flags.c_contiguous
-            or images.dtype.hasobject
-        ):
-            return None
-        lock = self.taken.get_lock()
-        if not lock.acquire(timeout=_LOCK_WAIT_S):  # held by a worker killed while it held it
-            return None
-        try:
-            free = bytes(self.taken[:]).find(0)
-            if free >= 0:
-                self.taken[free] = 1
-        finally:
-            lock.release()
-        if free < 0:
-            return None
-        view = np.frombuffer(self.area, np.uint8, images.nbytes, free * self.slot_bytes)
-        view[:] = images.reshape(-1).view(np.uint8)
-        return _Landed(free, images.shape, images.dtype.str)
-
-    def take(self, landed: _Landed, rows: BatchRows | None = None, at: int = 0) -> np.ndarray:
-        """In the reader's process: the pixels copied out of their slot, which is then free:
-        to ``rows`` from row ``at`` on where they fit there, else to an array of their own."""
-        dtype = np.dtype(landed.dtype)
-        count = math.prod(landed.shape)
-        view = np.frombuffer(self.area, dtype, count, landed.slot * self.slot_bytes)
-        view = view.reshape(landed.shape)
-        images = rows.put(at, view) if rows is not None else None
-        if images is None:
-            images = view.copy()
-        # Without the lock, which a killed worker may hold: one byte, and only workers
-        # looking for a free slot read it.
-        self.taken.get_obj()[landed.slot] = 0
-        self.landed += 1
-        return images
-
-
-class BatchRows:
-    """One batch's array, which its parts' pixels are copied into, each to its own rows, as
-    they come out of their landing slots: joining the parts then copies nothing. Made once
-    the first part's pixels give the shape of an image."""
-
-    def __init__(self, records: int, memory: BatchMemory) -> None:
-        self.records, self.memory = records, memory
-        self.array: np.ndarray | None = None
-        self._lock = threading.Lock()  # parts settle in the pool's thread, or in the submitter's
-
-    def put(self, at: int, images: np.ndarray) -> np.ndarray | None:
-        """``images`` copied to rows ``at`` on; None where they do not fit there (another
-        image shape than the parts before, or beyond the batch)."""
-        with self._lock:
-            if self.array is None:
-                self.array = self.memory.empty((self.records, *images.shape[1:]), images.dtype)
-            array = self.array
-        rows = array[at : at + len(images)]
-        if rows.shape != images.shape or rows.dtype != images.dtype:
-            return None
-        rows[...] = images
-        return rows
-
-    def whole(self, arrays: list[np.ndarray]) -> np.ndarray | None:
-        """The batch's array where ``arrays``, the parts' pixels in order, are its rows one
-        after another from the first to the last (none skipped); else None."""
-        array, at = self.array, 0
-        if array is None:
-            return None
-        for images in arrays:
-            if images.ctypes.data != array[at:].ctypes.data:  # not copied to its place
-                return None
-            at += len(images)
-        return array if at == self.records else None
-
-
-@dataclass(frozen=True)
-class _Landed:
-    """Where a part's pixels wait: what travels through the pipe in their place."""
-
-    slot: int
-    shape: tuple[int, ...]
-    dtype: str
-
-
 def _cancel_with(inner: weakref.ref[Future[Any]], outer: Future[Batch]) -> None:
     """``outer`` done: cancel ``inner`` too if ``outer`` was cancelled."""
     task = inner()
@@ -421,21 +345,31 @@ def _cancel_with(inner: weakref.ref[Future[Any]], outer: Future[Batch]) -> None:
         task.cancel()
 
 
+def _slots(kind: Any, slots: int, slot_bytes: int, context: Any, usable: bool) -> Any:
+    """``kind`` (Landing or Outbox) of up to ``slots`` slots, as many as _AREA_BYTES holds;
+    None where its slot size is unknown or too few fit."""
+    slots = min(slots, _AREA_BYTES // max(slot_bytes, 1))
+    return kind(slots, slot_bytes, context) if usable and slot_bytes and slots >= 2 else None
+
+
 def _settle(
     outer: Future[Batch],
     landing: Landing | None,
     rows: BatchRows | None,
     at: int,
+    unsent: Callable[[], None] | None,
     inner: Future[tuple[Batch, list[logging.LogRecord]]],
 ) -> None:
     if inner.cancelled():
+        if unsent is not None:  # no worker took the part, so none will free its slot
+            unsent()
         if not outer.done():
             outer.cancel()
         return
     error = inner.exception()
     if error is None:
         batch, records = inner.result()
-        if isinstance(batch.images, _Landed):  # its slot freed even if nobody waits now
+        if isinstance(batch.images, Landed):  # its slot freed even if nobody waits now
             assert landing is not None
             batch.images = landing.take(batch.images, rows, at)
     if outer.done():  # given up on (cancelled) while the worker ran
@@ -463,8 +397,19 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-_worker: tuple[list[tuple[_Names, dict[str, Any]]], bool, Landing | None] | None = None
+_worker: tuple[list[tuple[_Names, dict[str, Any]]], bool, Landing | None, Outbox | None] | None = (
+    None
+)
 _collected = _Collect()
+
+
+def _owned(image: Any, outbox: Outbox) -> Any:
+    """``image``, copied where it lies in ``outbox``'s area."""
+    if isinstance(image, np.ndarray) and outbox.holds(image):
+        return image.copy()
+    return image
+
+
 _part_memory = BatchMemory(2)  # a worker's, for each part's pixels
 
 
@@ -474,9 +419,10 @@ def _init_worker(
     parent: int,
     kernel: bool,
     landing: Landing | None,
+    outbox: Outbox | None,
 ) -> None:
     global _worker
-    _worker = (stores, stack, landing)
+    _worker = (stores, stack, landing, outbox)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
     logger = logging.getLogger("packer")  # every record goes back to the reader's process
     logger.handlers, logger.propagate = [_collected], False
@@ -486,12 +432,24 @@ def _init_worker(
 
 def _finish_part(store: int, part: Window, epoch: int) -> tuple[Batch, list[logging.LogRecord]]:
     assert _worker is not None, "not a decode worker"
-    stores, stack, landing = _worker
+    stores, stack, landing, outbox = _worker
     names, finish = stores[store]
     _collected.records = []
-    batch = finish_batch(part, store=cast("Store", names), epoch=epoch, **finish)
-    if stack:  # in memory used again: the part is copied on at once, to a slot or the pipe
-        batch = merge_batches([batch], stack, _part_memory)
+    sent = part.data if isinstance(part.data, Sent) else None
+    if sent is not None:
+        assert outbox is not None, "payloads sent through an outbox this worker lacks"
+        part = replace(part, data=outbox.received(sent))
+    try:
+        batch = finish_batch(part, store=cast("Store", names), epoch=epoch, **finish)
+        if stack:  # in memory used again: the part is copied on at once, to a slot or the pipe
+            batch = merge_batches([batch], stack, _part_memory)
+        if outbox is not None and isinstance(batch.images, list):
+            # An image may be its payload as it lies (raw pixels, kept as they are): the slot
+            # is another part's once freed, and this one is pickled after that.
+            batch.images = [_owned(image, outbox) for image in batch.images]
+    finally:
+        if sent is not None and outbox is not None:
+            outbox.release(sent.slot)
     if landing is not None and isinstance(batch.images, np.ndarray):
         landed = landing.put(batch.images)
         if landed is not None:

@@ -44,6 +44,7 @@ from packer.reading.decode_procs import (
     choose,
     merge_parts,
     part_bytes,
+    payload_bytes,
 )
 from packer.reading.lanes import Lane, Layout, Phase, Piece, Planner
 from packer.reading.readahead import (
@@ -460,8 +461,14 @@ class Producer:
                 for k, source in enumerate(self.sources)
             ]
             workers = opts.workers or default_workers()
-            landing = part_bytes(opts, [source.manifest for source in self.sources])
-            self._processes = ProcessDecoder(workers, given, opts.collate is None, landing)
+            manifests = [source.manifest for source in self.sources]
+            self._processes = ProcessDecoder(
+                workers,
+                given,
+                opts.collate is None,
+                part_bytes(opts, manifests),
+                payload_bytes(opts, manifests),
+            )
         return self._processes
 
     def _open_stores(self) -> list[Store]:
