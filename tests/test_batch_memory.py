@@ -61,6 +61,8 @@ def test_memory_of_another_size_or_beyond_keep_is_not_held() -> None:
     most = memory.empty((6, 10), np.uint8)  # over half a free block's size: that block
     assert memory.free == 1 and most.shape == (6, 10)
     assert memory.empty((0, 10)).shape == (0, 10)
+    memory.clear()
+    assert memory.free == 0
     floats = memory.empty((3, 2), np.float32)
     assert floats.dtype == np.float32 and floats.shape == (3, 2)
 

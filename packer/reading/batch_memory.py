@@ -64,6 +64,10 @@ class BatchMemory:
                 return block
         return None
 
+    def clear(self) -> None:
+        """Let the free blocks go."""
+        self._free.clear()
+
     @property
     def free(self) -> int:
         """Blocks free now."""

@@ -489,6 +489,7 @@ class Producer:
         if self._processes is not None and self._processes.pid == os.getpid():
             self._processes.close()
         self._processes = None
+        self._memory.clear()  # the free blocks; batches still held keep theirs
 
 
 def _result(future: Future[Batch], stop: threading.Event) -> Batch:
