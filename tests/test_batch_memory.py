@@ -65,6 +65,8 @@ def test_memory_of_another_size_or_beyond_keep_is_not_held() -> None:
     assert memory.free == 0
     floats = memory.empty((3, 2), np.float32)
     assert floats.dtype == np.float32 and floats.shape == (3, 2)
+    objects = memory.empty((2,), object)  # a transform's output may hold objects
+    assert objects.dtype == object and objects.shape == (2,)
 
 
 @pytest.mark.parametrize("decode_in", ["threads", "processes"])

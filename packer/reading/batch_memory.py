@@ -46,7 +46,7 @@ class BatchMemory:
         """A new, uninitialised array, in a free block where one fits."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        if not nbytes:
+        if not nbytes or dtype.hasobject:  # objects are references, not bytes to lend
             return np.empty(shape, dtype)
         block = self._take(nbytes) or _Block(nbytes)
         lent = (ctypes.c_uint8 * nbytes).from_buffer(block.array)
