@@ -60,20 +60,37 @@ def test_processes_give_the_threads_batches(small: Path, options: dict) -> None:
     )
 
 
-def test_pixels_of_a_known_size_come_back_through_shared_memory(small: Path) -> None:
-    """With ``size`` every part's pixels fit a landing slot: each comes back through shared
-    memory, not the pipe, and the batches are the threads' (the test above)."""
+def test_pixels_of_a_known_size_are_written_in_place_in_their_batch(small: Path) -> None:
+    """With ``size`` each batch has a block of shared memory and its workers write their
+    parts' pixels straight to their rows: the batch is the block, nothing copied, and the
+    batches are the threads' (the test above)."""
     with open_reader(small, batch_size=32, size=(8, 6), decode_in="processes", workers=2) as reader:
-        batches = list(reader.epoch(0))
+        batches = [images for images, _ in reader.epoch(0)]
         decoder = reader._producer._processes  # the reader's own pool (no public handle)
-        assert decoder is not None
-        assert decoder.landed == 2 * len(batches)  # a part per worker in each batch
+        assert decoder is not None and decoder._batches is not None
+        assert decoder.placed == 2 * len(batches) and decoder.landed == 0  # a part per worker
+        area = np.frombuffer(decoder._batches.area, np.uint8)
+        assert all(np.shares_memory(images, area) for images in batches)
+
+
+def test_parts_land_when_every_batch_block_is_held(small: Path) -> None:
+    """A training loop that keeps more batches than the batch area has blocks: the batches
+    that find none come back through the landing slots, copied, and all stay intact."""
+    options = {"size": (8, 6), "decode_in": "processes", "workers": 2, "across_epochs": False}
+    with open_reader(small, batch_size=16, **options) as reader:
+        kept = [images for epoch in range(3) for images, _ in reader.epoch(epoch)]
+        decoder = reader._producer._processes
+        assert decoder is not None and decoder.placed > 0 and decoder.landed > 0
+        again = [images for epoch in range(3) for images, _ in reader.epoch(epoch)]
+    for first, second in zip(kept, again, strict=True):
+        np.testing.assert_array_equal(first, second)
 
 
 def test_parts_that_find_no_slot_come_back_through_the_pipe(
     small: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("packer.reading.produce.part_bytes", lambda options, manifests: 64)
+    monkeypatch.setattr("packer.reading.produce.image_bytes", lambda options, manifests: 0)
     threads = _epoch(small, "threads", size=(8, 6))
     with open_reader(
         small,
@@ -153,7 +170,7 @@ def test_payloads_go_out_through_shared_memory_and_every_slot_comes_back(small: 
         whole = list(reader.epoch(0))
         decoder = reader._producer._processes
         assert decoder is not None and decoder._outbox is not None
-        parts = decoder.landed  # each part's pixels came back through shared memory
+        parts = decoder.placed  # each part's pixels came back through shared memory
         assert parts >= len(whole) and decoder.sent == parts  # and its payloads went out so
         for epoch in range(1, 4):
             next(iter(reader.epoch(epoch)))  # then left: its parts in flight are given up

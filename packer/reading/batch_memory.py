@@ -75,27 +75,60 @@ class BatchMemory:
 
 
 class BatchRows:
-    """One batch's array, which its parts' pixels are copied into, each to its own rows, as
-    they come out of their landing slots: joining the parts then copies nothing. Made once
-    the first part's pixels give the shape of an image."""
+    """One batch's array, which its parts' pixels are put in, each to its own rows, as they
+    come back from the workers: joining the parts then copies nothing. Made once the first
+    part's pixels give the shape of an image: in ``memory``, or in ``block``, a block of the
+    shared batch area (packer.reading.shared_slots.BatchArea) lent to this batch, where the
+    workers write rows of ``row_bytes`` straight to their place."""
 
-    def __init__(self, records: int, memory: BatchMemory) -> None:
+    def __init__(
+        self,
+        records: int,
+        memory: BatchMemory,
+        block: Any = None,
+        row_bytes: int = 0,
+        offset: int = 0,
+        area: Any = None,
+    ) -> None:
         self.records, self.memory = records, memory
+        # The block, the bytes of each of its rows, where it lies in the area, and the area.
+        self.block, self.row_bytes, self.offset, self.area = block, row_bytes, offset, area
         self.array: np.ndarray | None = None
         self._lock = threading.Lock()  # parts settle in the pool's thread, or in the submitter's
+
+    def _array(self, image: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The batch's array, made for images of shape ``image`` if it is not yet."""
+        with self._lock:
+            if self.array is None:
+                shape = (self.records, *image)
+                if self.block is not None and math.prod(image) * dtype.itemsize == self.row_bytes:
+                    count = math.prod(shape)
+                    self.array = np.frombuffer(self.block, dtype, count).reshape(shape)
+                else:
+                    self.array = self.memory.empty(shape, dtype)
+            return self.array
 
     def put(self, at: int, images: np.ndarray) -> np.ndarray | None:
         """``images`` copied to rows ``at`` on; None where they do not fit there (another
         image shape than the parts before, or beyond the batch)."""
-        with self._lock:
-            if self.array is None:
-                self.array = self.memory.empty((self.records, *images.shape[1:]), images.dtype)
-            array = self.array
-        rows = array[at : at + len(images)]
+        rows = self._array(images.shape[1:], images.dtype)[at : at + len(images)]
         if rows.shape != images.shape or rows.dtype != images.dtype:
             return None
         rows[...] = images
         return rows
+
+    def placed(self, at: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The rows from ``at`` on that a worker wrote in place in the block: images of
+        ``shape`` (as its own copy where the batch's array was made otherwise)."""
+        rows = self._array(shape[1:], dtype)[at : at + shape[0]]
+        if rows.shape == shape and rows.dtype == dtype and self._in_block(rows):
+            return rows
+        written = np.frombuffer(self.block, dtype, math.prod(shape), at * self.row_bytes)
+        return written.reshape(shape).copy()
+
+    def _in_block(self, rows: np.ndarray) -> bool:
+        start = np.frombuffer(self.block, np.uint8, 1).ctypes.data
+        return bool(start <= rows.ctypes.data < start + len(self.block))
 
     def whole(self, arrays: list[np.ndarray]) -> np.ndarray | None:
         """The batch's array where ``arrays``, the parts' pixels in order, are its rows one
@@ -104,7 +137,7 @@ class BatchRows:
         if array is None:
             return None
         for images in arrays:
-            if images.ctypes.data != array[at:].ctypes.data:  # not copied to its place
+            if images.ctypes.data != array[at:].ctypes.data:  # not put in its place
                 return None
             at += len(images)
         return array if at == self.records else None

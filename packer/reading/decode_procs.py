@@ -10,16 +10,21 @@ kernels, waits its turn too. Worker processes each have their own GIL, and leave
 training process's to the training loop.
 
     producer thread: read_window -> gather -> a batch part's payloads -> an outbox slot
-    worker process:  finish_batch (verify, decode, transform) -> one array -> a landing slot
-    reader's process: the slot's pixels copied once, to their rows of the batch (BatchRows)
+    worker process:  finish_batch (verify, decode, transform) -> the part's rows of its
+                     batch's block (with ``size``), else one array -> a landing slot
+    reader's process: the batch is its block; or the slot's pixels copied to their rows
 
 Both ways the bytes go through shared memory (packer.reading.shared_slots), and only the
-part's metadata and the slot's number through the pipe: pickled, written, read and
-unpickled, the bytes cost the reader's one process, which does that for every worker, most
-of its time. A slot holds what is expected of a part (pixels: exact with ``size``, else from
-the store's mean image; payloads: twice the store's mean); a part that finds no slot free,
-or does not fit, takes the pipe. For a large image coming back whole, on a few cores, even
-that one copy costs more than the GIL does, so ``choose`` keeps threads for it.
+part's metadata and a slot's number through the pipe: pickled, written, read and unpickled,
+the bytes cost the reader's one process, which does that for every worker, most of its time.
+With ``size`` every image's bytes are known, so each batch is lent a block of a shared batch
+area and its workers write straight to their rows: the training loop gets the block, as a
+DataLoader's main process gets its workers' batches. A slot holds what is expected of a part
+(pixels: from the store's mean image; payloads: twice the store's mean); a batch that finds no
+block free (the training loop keeps batches), or a part that finds no slot free or does not
+fit one, takes the next way down: a landing slot, then the pipe. For a large image coming back
+whole, on a few cores, even one copy costs more than the GIL does, so ``choose`` keeps threads
+for it.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from packer.imaging import resizing
 from packer.lifeline import die_with_parent
 from packer.reading.batch_memory import BatchMemory, BatchRows
 from packer.reading.batching import Batch, Window, finish_batch, merge_batches
-from packer.reading.shared_slots import Landed, Landing, Outbox, Sent
+from packer.reading.shared_slots import BatchArea, InPlace, Landed, Landing, Outbox, Sent
 
 if TYPE_CHECKING:
     from packer.reading.options import ReaderOptions
@@ -151,6 +156,17 @@ def payload_bytes(options: ReaderOptions, manifests: list[Manifest]) -> int:
     return int(_part_records(options) * 2 * max(means)) if all(means) else 0
 
 
+def image_bytes(options: ReaderOptions, manifests: list[Manifest]) -> int:
+    """The bytes of every decoded image, where known in advance (a ``size``, no augment, a
+    mode of one byte a channel in every store); else 0."""
+    if options.size is None or options.augment is not None:
+        return 0
+    channels = {{"L": 1, "RGB": 3}.get(options.mode or m.storage.mode, 0) for m in manifests}
+    if len(channels) != 1 or not min(channels):
+        return 0
+    return options.size[0] * options.size[1] * channels.pop()
+
+
 def _part_records(options: ReaderOptions) -> int:
     """The most records of a batch part: a batch is split into ``workers`` parts, of at least
     8 records each (split_window)."""
@@ -214,11 +230,14 @@ class ProcessDecoder:
         stack: bool,
         part_bytes: int = 0,
         payload_bytes: int = 0,
+        batches: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         """``stores``: each store the reader reads (a mixture has several), with finish_batch's
         keywords for it but the store, the stop event and the epoch. ``part_bytes``: the
         most a batch part's pixels take, where known in advance (else 0): the size of a
-        landing slot; ``payload_bytes``: of its payloads, the size of an outbox slot."""
+        landing slot; ``payload_bytes``: of its payloads, the size of an outbox slot.
+        ``batches``: the batch area's blocks, records a block and bytes a record, for images
+        of a size known in advance (else zeros)."""
         given = [
             (_Names(str(path), _Shards([_ShardFile(s.file) for s in manifest.shards])), finish)
             for path, manifest, finish in stores
@@ -236,11 +255,23 @@ class ProcessDecoder:
         fork = method == "fork"
         self._landing = _slots(Landing, 2 * workers + 2, part_bytes, context, fork and stack)
         self._outbox = _slots(Outbox, (workers + 2) * workers, payload_bytes, context, fork)
+        blocks, records, self._row_bytes = batches
+        blocks = min(blocks, _AREA_BYTES // max(records * self._row_bytes, 1))
+        usable = fork and stack and blocks >= 2 and records * self._row_bytes > 0
+        self._batches = BatchArea(blocks, records * self._row_bytes) if usable else None
         self._pool = ProcessPoolExecutor(
             workers,
             context,
             initializer=_init_worker,
-            initargs=(given, stack, os.getpid(), kernel, self._landing, self._outbox),
+            initargs=(
+                given,
+                stack,
+                os.getpid(),
+                kernel,
+                self._landing,
+                self._outbox,
+                self._batches,
+            ),
         )
         self.pid = os.getpid()
         self._pool.submit(int).result()  # with fork, the first task starts every worker
@@ -259,7 +290,10 @@ class ProcessDecoder:
             sent = self._outbox.send(part.data) if self._outbox is not None else None
             data = sent or [p if isinstance(p, bytes) else bytes(p) for p in part.data]
             part = replace(part, data=data)
-        inner = self._pool.submit(_finish_part, store, part, epoch)
+        into = None  # where the worker writes the part's pixels in place, and how many
+        if rows is not None and rows.block is not None:
+            into = (rows.offset + at * rows.row_bytes, len(part), rows.row_bytes)
+        inner = self._pool.submit(_finish_part, store, part, epoch, into)
         outer: Future[Batch] = Future()
         # The pool holds ``inner`` until it is done, and ``inner`` holds ``outer`` until then:
         # a strong reference back would make a cycle, and the part's pixels (a batch's rows)
@@ -274,12 +308,21 @@ class ProcessDecoder:
     def batch_rows(self, records: int, memory: BatchMemory) -> BatchRows | None:
         """Rows for a batch of ``records`` whose parts' pixels land in shared memory (None
         where none land), in ``memory``."""
+        lent = self._batches.lend() if self._batches is not None else None
+        if lent is not None:
+            offset, block = lent
+            return BatchRows(records, memory, block, self._row_bytes, offset, self._batches)
         return BatchRows(records, memory) if self._landing is not None else None
 
     @property
     def landed(self) -> int:
         """How many parts' pixels came back through shared memory so far."""
         return 0 if self._landing is None else self._landing.landed
+
+    @property
+    def placed(self) -> int:
+        """How many parts' pixels their workers wrote in place in their batch so far."""
+        return 0 if self._batches is None else self._batches.placed
 
     @property
     def sent(self) -> int:
@@ -372,6 +415,10 @@ def _settle(
         if isinstance(batch.images, Landed):  # its slot freed even if nobody waits now
             assert landing is not None
             batch.images = landing.take(batch.images, rows, at)
+        elif isinstance(batch.images, InPlace):
+            assert rows is not None and rows.area is not None
+            batch.images = rows.placed(at, batch.images.shape, np.dtype(batch.images.dtype))
+            rows.area.placed += 1
     if outer.done():  # given up on (cancelled) while the worker ran
         return
     if error is not None:
@@ -397,10 +444,28 @@ class _Collect(logging.Handler):
         self.records.append(record)
 
 
-_worker: tuple[list[tuple[_Names, dict[str, Any]]], bool, Landing | None, Outbox | None] | None = (
-    None
-)
+# What _init_worker gave this worker: its stores, whether parts are stacked, and its slots.
+_Given = tuple[
+    list[tuple[_Names, dict[str, Any]]], bool, Landing | None, Outbox | None, BatchArea | None
+]
+_worker: _Given | None = None
 _collected = _Collect()
+
+
+def _fits(images: Any, most: int, row_bytes: int) -> bool:
+    """Whether ``images`` are at most ``most`` arrays of one shape and type, each of
+    ``row_bytes``: what a part's rows in its batch's block hold."""
+    if not isinstance(images, list) or not 0 < len(images) <= most:
+        return False
+    first = images[0]
+    return (
+        isinstance(first, np.ndarray)
+        and first.nbytes == row_bytes
+        and all(
+            isinstance(im, np.ndarray) and im.shape == first.shape and im.dtype == first.dtype
+            for im in images
+        )
+    )
 
 
 def _owned(image: Any, outbox: Outbox) -> Any:
@@ -420,9 +485,10 @@ def _init_worker(
     kernel: bool,
     landing: Landing | None,
     outbox: Outbox | None,
+    batches: BatchArea | None,
 ) -> None:
     global _worker
-    _worker = (stores, stack, landing, outbox)
+    _worker = (stores, stack, landing, outbox, batches)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle
     logger = logging.getLogger("packer")  # every record goes back to the reader's process
     logger.handlers, logger.propagate = [_collected], False
@@ -430,9 +496,13 @@ def _init_worker(
     die_with_parent(parent, kernel)
 
 
-def _finish_part(store: int, part: Window, epoch: int) -> tuple[Batch, list[logging.LogRecord]]:
+def _finish_part(
+    store: int, part: Window, epoch: int, into: tuple[int, int, int] | None
+) -> tuple[Batch, list[logging.LogRecord]]:
+    """``into``: where in the batch area the part's rows go (offset, most rows, bytes a row),
+    if its batch has a block there."""
     assert _worker is not None, "not a decode worker"
-    stores, stack, landing, outbox = _worker
+    stores, stack, landing, outbox, batches = _worker
     names, finish = stores[store]
     _collected.records = []
     sent = part.data if isinstance(part.data, Sent) else None
@@ -441,6 +511,9 @@ def _finish_part(store: int, part: Window, epoch: int) -> tuple[Batch, list[logg
         part = replace(part, data=outbox.received(sent))
     try:
         batch = finish_batch(part, store=cast("Store", names), epoch=epoch, **finish)
+        if into is not None and batches is not None and _fits(batch.images, *into[1:]):
+            placed = batches.write(into[0], cast("list[np.ndarray]", batch.images))
+            return replace(batch, images=placed), _collected.records  # type: ignore[arg-type]
         if stack:  # in memory used again: the part is copied on at once, to a slot or the pipe
             batch = merge_batches([batch], stack, _part_memory)
         if outbox is not None and isinstance(batch.images, list):

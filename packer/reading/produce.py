@@ -42,6 +42,7 @@ from packer.reading.decode_procs import (
     BatchRows,
     ProcessDecoder,
     choose,
+    image_bytes,
     merge_parts,
     part_bytes,
     payload_bytes,
@@ -468,6 +469,9 @@ class Producer:
                 opts.collate is None,
                 part_bytes(opts, manifests),
                 payload_bytes(opts, manifests),
+                # A block for each batch in the queue or in the pool's hands, and a few for
+                # those the training loop holds.
+                (opts.prefetch + workers + 4, opts.batch_size, image_bytes(opts, manifests)),
             )
         return self._processes
 

@@ -1,7 +1,8 @@
 """Slots of shared memory between the reader's process and its decode workers, both ways:
 
     reader's process --Outbox: a part's encoded payloads--> worker
-    worker --Landing: the part's decoded pixels--> reader's process
+    worker --BatchArea: the part's decoded pixels, in place in its batch--> training loop
+    worker --Landing: the part's decoded pixels (where the batch has no block)--> reader
 
 Bytes in a slot do not go through a pipe: there they were pickled, written, read and
 unpickled, and the reader's one process did its side of that for every worker, under its GIL.
@@ -13,8 +14,11 @@ finds no slot free, or does not fit one, takes the pipe.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
+import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +27,7 @@ import numpy as np
 
 from packer.reading.batch_memory import BatchRows
 
-__all__ = ["Landing", "Landed", "Outbox", "Sent"]
+__all__ = ["BatchArea", "InPlace", "Landing", "Landed", "Outbox", "Sent"]
 
 # How long a process waits for the slots' lock before it takes the pipe instead: the lock is
 # held for a moment only, unless by a worker killed while it held it.
@@ -139,3 +143,46 @@ class Outbox(_Slots):
         """Whether ``array`` lies in this area (a view of a payload, not a copy)."""
         start = np.frombuffer(self.area, np.uint8, 1).ctypes.data
         return start <= array.ctypes.data < start + len(self.area)
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """A part's pixels, written by its worker straight to their rows of the batch's block."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class BatchArea:
+    """Blocks of one area shared with the workers, each lent to a batch whose images have a
+    size known in advance: its workers write their parts' pixels straight to their rows, and
+    the batch the training loop gets is the block itself, nothing copied in the reader's
+    process. Lent as BatchMemory lends (a ctypes buffer every view of the batch holds on to),
+    back once the last view is gone; lent and given back in the reader's process only. A
+    running part keeps its batch's block (its future's callback holds the batch's rows), so a
+    block is never lent again while a worker may still write to it."""
+
+    def __init__(self, blocks: int, block_bytes: int) -> None:
+        self.block_bytes = block_bytes
+        self.area = mmap.mmap(-1, blocks * block_bytes)
+        self._free: deque[int] = deque(range(blocks - 1, -1, -1))  # the lowest lent first
+        self.placed = 0  # parts written in place, counted in the reader's process
+
+    def lend(self) -> tuple[int, Any] | None:
+        """A free block: its offset in the area, and the buffer lent; None if none is free."""
+        try:
+            number = self._free.pop()  # the last given back: its pages are likely mapped
+        except IndexError:
+            return None
+        offset = number * self.block_bytes
+        block = (ctypes.c_uint8 * self.block_bytes).from_buffer(self.area, offset)
+        weakref.finalize(block, self._free.append, number).atexit = False
+        return offset, block
+
+    def write(self, offset: int, images: list[np.ndarray]) -> InPlace:
+        """In a worker: ``images``, one shape, stacked straight to the area at ``offset``."""
+        first = images[0]
+        shape = (len(images), *first.shape)
+        out = np.frombuffer(self.area, first.dtype, math.prod(shape), offset).reshape(shape)
+        np.stack(images, out=out)
+        return InPlace(shape, first.dtype.str)
