@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -70,31 +69,16 @@ class ResizedFolder:
             return torch.from_numpy(np.array(im)), int(Path(self.files[i]).parent.name[5:])
 
 
-def workers_cpu() -> float:
-    """CPU seconds of this process's children so far (its workers, while they live)."""
-    me, ticks, total = os.getpid(), os.sysconf("SC_CLK_TCK"), 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        if int(fields[1]) == me:  # fields[1]: the parent's pid
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
-
-
 def epoch(batches: Any) -> dict[str, float]:
     """One epoch's images/s, and CPU microseconds per image of this process and its workers."""
-    wall, own, kids, images = time.perf_counter(), time.process_time(), workers_cpu(), 0
+    wall, own, kids, images = time.perf_counter(), time.process_time(), reporting.children_cpu(), 0
     for pixels, _ in batches:
         images += len(pixels)
     wall = time.perf_counter() - wall
     return {
         "images_per_s": images / wall,
         "process_us": (time.process_time() - own) / images * 1e6,
-        "workers_us": (workers_cpu() - kids) / images * 1e6,
+        "workers_us": (reporting.children_cpu() - kids) / images * 1e6,
     }
 
 

@@ -30,7 +30,6 @@ import argparse
 import io
 import json
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -89,23 +88,8 @@ def turn(reader: Any, first: int, epochs: int) -> tuple[float, float]:
 
 def cpu_seconds() -> float:
     """CPU seconds of this process (every thread, to the nanosecond) and of its live
-    children (the reader's decode processes, in the kernel's ticks: they run for seconds),
-    from Linux's /proc; elsewhere this process's alone."""
-    proc = Path("/proc")
-    own = time.process_time()
-    if not (proc / "self" / "stat").exists():
-        return own
-    me, ticks, children = os.getpid(), os.sysconf("SC_CLK_TCK"), 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        if int(fields[1]) == me:  # fields[1]: the parent's pid
-            children += int(fields[11]) + int(fields[12])  # utime, stime
-    return own + children / ticks
+    children (the reader's decode processes, see reporting.children_cpu)."""
+    return time.process_time() + reporting.children_cpu()
 
 
 def compare(

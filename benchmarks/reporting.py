@@ -52,6 +52,25 @@ def load() -> str:
     )
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's live children so far (decode or DataLoader workers, in
+    the kernel's ticks: they run for seconds), from Linux's /proc; elsewhere 0."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return 0.0
+    me, ticks, total = os.getpid(), os.sysconf("SC_CLK_TCK"), 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == me:  # fields[1]: the parent's pid
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
 def header(title: str, run: str, *, on: str | None = None, date: str | None = None) -> str:
     """A results page's top: the title, then machine, command and date, once. A date, not a
     time: the page states current results, and git keeps their history. ``on`` and ``date``

@@ -66,6 +66,8 @@ __all__ = [
     "SMALL_PIXELS",
     "choose",
     "part_bytes",
+    "payload_bytes",
+    "image_bytes",
     "ProcessDecoder",
     "merge_parts",
 ]
@@ -83,8 +85,8 @@ SMALL_PIXELS = 128 * 128
 # Larger outputs keep threads: their copy back is the cost bench_small_images measures.
 MANY_WORKERS = 8
 RETURNED_PIXELS = 256 * 256
-# The most address space the landing slots map, and the outbox's: pages are touched only as
-# slots are used, and a part larger than half of it takes the pipe.
+# The most address space each shared area maps (landing slots, outbox, batch blocks): pages
+# are touched only as slots are used, and a part larger than half of it takes the pipe.
 _AREA_BYTES = 1 << 30
 # How long close() waits for the pool's manager thread to reap its workers, which it does as
 # soon as they have ended or been killed: a bound, so that close never hangs on it.
@@ -281,8 +283,9 @@ class ProcessDecoder:
     ) -> Future[Batch]:
         """Finish ``part``, records of the reader's ``store``-th store in ``epoch`` (what
         augmentation draws are keyed by), in a worker; its payloads travel as bytes (not
-        views of a map). ``rows``: the batch's, which this part's begin at ``at``, for pixels
-        that land in shared memory to be copied straight there.
+        views of a map). ``rows``: the batch's, which this part's begin at ``at``: where the
+        worker writes its pixels if the batch has a block, else where they are copied to as
+        they come back.
         What the worker logged (records skipped with on_error="skip") is logged here, as
         the threads would have logged it."""
         sent = None
@@ -306,8 +309,8 @@ class ProcessDecoder:
         return outer
 
     def batch_rows(self, records: int, memory: BatchMemory) -> BatchRows | None:
-        """Rows for a batch of ``records`` whose parts' pixels land in shared memory (None
-        where none land), in ``memory``."""
+        """Rows for a batch of ``records``: a block of the batch area where one is free, else
+        in ``memory`` for pixels that land; None where neither can be (no slots)."""
         lent = self._batches.lend() if self._batches is not None else None
         if lent is not None:
             offset, block = lent

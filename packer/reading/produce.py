@@ -27,7 +27,7 @@ from packer.augment import source_seed
 from packer.imaging import decode as imaging
 from packer.imaging import resizing
 from packer.reading import epoch as plan
-from packer.reading.batch_memory import BatchMemory
+from packer.reading.batch_memory import BatchMemory, BatchRows
 from packer.reading.batching import (
     Batch,
     Ordered,
@@ -39,7 +39,6 @@ from packer.reading.batching import (
     split_window,
 )
 from packer.reading.decode_procs import (
-    BatchRows,
     ProcessDecoder,
     choose,
     image_bytes,
@@ -227,13 +226,13 @@ class Producer:
                         for piece in split_window(window, round(split * len(window) / records))
                     ]
                     if processes is not None:
-                        # Pixels that land in shared memory are copied to their rows of the
-                        # batch as they come: joining the parts copies nothing more.
+                        # Each part's pixels go to their rows of the batch, written there by
+                        # the worker or copied there as they come: joining copies nothing.
                         batch_rows = processes.batch_rows(records, self._memory)
-                        starts = np.cumsum([0] + [len(p) for _, p in pieces]).tolist()
+                        starts = np.cumsum([0] + [len(p) for _, p in pieces])[:-1].tolist()
                         futures = [
                             (i, processes.submit(i, piece, epoch, batch_rows, at))
-                            for (i, piece), at in zip(pieces, starts, strict=False)
+                            for (i, piece), at in zip(pieces, starts, strict=True)
                         ]
                     else:
                         batch_rows = None
@@ -245,17 +244,22 @@ class Producer:
                     while pending and (
                         len(pending) > workers or all(f.done() for _, f in pending[0][0])
                     ):
-                        futures, batch_rows = pending.popleft()
-                        done = [(i, _result(f, stop)) for i, f in futures]
-                        yield mover(self._joined(done, batch_rows=batch_rows))
+                        yield mover(self._first_done(pending, stop))
                 while pending:
-                    futures, batch_rows = pending.popleft()
-                    done = [(i, _result(f, stop)) for i, f in futures]
-                    yield mover(self._joined(done, batch_rows=batch_rows))
+                    yield mover(self._first_done(pending, stop))
             finally:
                 for futures, _ in pending:
                     for _, future in futures:
                         future.cancel()
+
+    def _first_done(
+        self,
+        pending: deque[tuple[list[tuple[int, Future[Batch]]], BatchRows | None]],
+        stop: threading.Event,
+    ) -> Batch:
+        """The first pending batch, taken off ``pending`` once its parts are done."""
+        futures, batch_rows = pending.popleft()
+        return self._joined([(i, _result(f, stop)) for i, f in futures], batch_rows=batch_rows)
 
     def _joined(
         self,
