@@ -283,6 +283,35 @@ def test_a_corrupt_record_in_a_worker_is_the_same_one_line_error(
     assert "checksum mismatch" in errors[1]
 
 
+def test_a_skipped_record_leaves_no_gap_in_a_batch_written_in_place(tmp_path: Path) -> None:
+    """on_error="skip" in a part whose rows go straight to its batch's block: the part comes
+    back a row short, and the batch is the threads' (the next part's rows moved up)."""
+    root = tmp_path / "images"
+    for i in range(40):
+        write_image(root / "c" / f"{i:02d}.png", size=(16, 16), seed=i)
+    store = tmp_path / "s.lmdb"
+    pack(root, store, PackOptions(seed=0, workers=1))
+    options = {"batch_size": 16, "shuffle": False, "on_error": "skip", "size": (8, 8)}
+    with open_reader(store, with_paths=True, **options) as reader:
+        third = next(iter(reader))[2][3]  # the fourth record: in the first part of a batch
+    shard = store / open_manifest(store).shards[0].file
+    data = bytearray(shard.read_bytes())
+    at = data.find((root / third).read_bytes())
+    assert at > 0
+    data[at + 100] ^= 0xFF
+    shard.write_bytes(data)
+    epochs = {}
+    for decode_in in ("threads", "processes"):
+        with open_reader(store, decode_in=decode_in, workers=2, **options) as reader:
+            epochs[decode_in] = list(reader.epoch(0))
+            if decode_in == "processes":
+                assert reader._producer._processes.placed > 0
+    assert [len(images) for images, _ in epochs["processes"]] == [15, 16, 8]
+    for (im_t, lab_t), (im_p, lab_p) in zip(epochs["threads"], epochs["processes"], strict=True):
+        np.testing.assert_array_equal(im_p, im_t)
+        np.testing.assert_array_equal(lab_p, lab_t)
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc")
 def test_a_close_cut_short_by_ctrl_c_still_ends_the_decode_processes(
     small: Path, monkeypatch: pytest.MonkeyPatch
