@@ -2,11 +2,11 @@
 
 A new array as large as a batch is new memory to the kernel: it maps and zeroes each page as
 the batch is first written, which costs the reader's process more than the copy that writes
-it (benchmarks/bench_loader_cpu.py measures that process). An array from ``BatchMemory.empty`` is a
-view of memory the pool keeps, through a ctypes buffer that every view of the array, NumPy's
-or torch's, holds on to; once the last of them is gone, the memory goes back to the pool for a
-later batch. Nothing ever waits for memory: with none free, a new array is made, and the pool
-keeps only a few free ones.
+it (benchmarks/bench_loader_cpu.py measures that process). An array from
+``BatchMemory.empty`` is a view of memory the pool keeps, through a ctypes buffer that every
+view of the array, NumPy's or torch's, holds on to; once the last of them is gone, the memory
+goes back to the pool for a later batch. Nothing ever waits for memory: with none free, a new
+array is made, and the pool keeps only a few free ones.
 """
 
 from __future__ import annotations
