@@ -248,14 +248,20 @@ def test_a_truncated_shard_is_named_even_when_skipping(
 _ITERATE = """
 import itertools, sys, time
 from packer import open_reader
-slow, seconds, decode_in = sys.argv[2], float(sys.argv[3]), sys.argv[4]
+slow, seconds = sys.argv[2], float(sys.argv[3])
+decode_in, _, sized = sys.argv[4].partition("+")  # "+size": decoded to 8x8
 calls = itertools.count()
 def transform(image):
     if slow == "transform" and next(calls) >= 20:  # the first batch comes quickly
         time.sleep(seconds)
     return image
 with open_reader(
-    sys.argv[1], batch_size=20, workers=2, transform=transform, decode_in=decode_in
+    sys.argv[1],
+    batch_size=20,
+    workers=2,
+    transform=transform,
+    decode_in=decode_in,
+    size=(8, 8) if sized else None,
 ) as reader:
     for epoch in range(1000):
         for batch in reader.epoch(epoch):
@@ -271,6 +277,7 @@ with open_reader(
     [
         ("lmdb", "transform", "threads"),
         ("lmdb", "transform", "processes"),
+        ("lmdb", "transform", "processes+size"),  # parts written in place in their batch
         ("hdf5", "consumer", "threads"),
     ],
 )
