@@ -642,37 +642,49 @@ def decode_limit(report: dict[str, Any]) -> int:
     return max(rate(report, f"decode/{n}") or 0 for n in CPU_LOADERS)
 
 
+def process_us(report: dict[str, Any], name: str) -> int | None:
+    """CPU microseconds of the training process per image, loader ``name`` alone, in its last
+    epoch (runs from before the figure was kept have none)."""
+    case = report.get(f"decode/{name}")
+    epoch = last(case) if case else {}
+    if "cpu_s" not in epoch or not epoch["images"]:
+        return None
+    return round(epoch["cpu_s"] / epoch["images"] * 1e6)
+
+
 def training_table(report: dict[str, Any], model: str, names: dict[str, str] | None = None) -> str:
     base = rate(report, f"{model}/dataloader")
+    names = names or NAMES
+    with_cpu = any(process_us(report, name) is not None for name in names)
     rows = []
-    for name, label in (names or NAMES).items():
+    for name, label in names.items():
         case = report.get(f"{model}/{name}")
         if not case:
             continue
         epochs = case["epochs"]
         alone = rate(report, f"decode/{name}")
         waited = last(case).get("reader_wait_share", last(case)["wait_share"])
-        rows.append(
-            [
-                label,
-                f"{epochs[0]['images_per_s']:,}",
-                f"{last(case)['images_per_s']:,}",
-                f"{waited:.1%}",
-                "-" if alone is None else f"{alone:,}",
-                f"{last(case)['images_per_s'] / base:.2f}" if base else "-",
-            ]
-        )
-    return reporting.table(
-        [
-            "loader",
-            "epoch 1 (images/s)",
-            "epoch 2 (images/s)",
-            "waiting for data, epoch 2",
-            "loader alone (images/s)",
-            "x DataLoader",
-        ],
-        rows,
-    )
+        row = [
+            label,
+            f"{epochs[0]['images_per_s']:,}",
+            f"{last(case)['images_per_s']:,}",
+            f"{waited:.1%}",
+            "-" if alone is None else f"{alone:,}",
+        ]
+        if with_cpu:
+            row.append(str(process_us(report, name) or "-"))
+        row.append(f"{last(case)['images_per_s'] / base:.2f}" if base else "-")
+        rows.append(row)
+    columns = [
+        "loader",
+        "epoch 1 (images/s)",
+        "epoch 2 (images/s)",
+        "waiting for data, epoch 2",
+        "loader alone (images/s)",
+        *(["training process alone (CPU µs/image)"] if with_cpu else []),
+        "x DataLoader",
+    ]
+    return reporting.table(columns, rows)
 
 
 def goals(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -731,7 +743,14 @@ def page(reports: list[dict[str, Any]], drawn: bool) -> str:
     text += (
         'waiting for data: reader.stats()["wait_share"] for packer, the share of the epoch '
         "spent in next() for the others. loader alone: the same loader, batches copied to the "
-        "GPU and nothing trained.\n\n"
+        "GPU and nothing trained"
+        + (
+            "; training process alone: CPU time of the training process itself (every thread, "
+            "not the loader's worker processes) per image, in that run"
+            if any(process_us(now, name) is not None for name in NAMES)
+            else ""
+        )
+        + ".\n\n"
     )
     text += reporting.goals(goals(now))
     text += findings(now)

@@ -94,6 +94,20 @@ def test_a_run_without_its_trace_or_example_renders_what_it_has() -> None:
         assert f"| {label} |" in page
 
 
+def test_the_training_process_cpu_per_image_is_shown_where_a_run_kept_it() -> None:
+    """A run that kept each epoch's CPU time shows the training process's share per image,
+    loader alone; the saved runs, from before, show no such column."""
+    [run] = json.loads(bench_gpu.REPORT.read_text())
+    assert "training process alone" not in bench_gpu.page([run], drawn=False)
+    last = run["decode/packer"]["epochs"][-1]
+    last["cpu_s"] = last["images"] * 42e-6  # 42 us an image
+    page = bench_gpu.page([run], drawn=False)
+    assert "| training process alone (CPU µs/image) |" in page
+    rows = {line.split(" | ")[0][2:]: line for line in page.splitlines() if " | " in line}
+    assert "| 42 |" in rows[bench_gpu.NAMES["packer"]]  # in each model's table
+    assert rows[bench_gpu.NAMES["dataloader"]].count("| - |") == 1  # none kept for it
+
+
 def test_the_trace_section_says_what_bounded_the_traced_steps() -> None:
     [run] = json.loads(bench_gpu.REPORT.read_text())
     for busy, said in [(0.41, "Decoding bounded these steps"), (0.96, "at its own rate")]:
