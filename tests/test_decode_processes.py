@@ -3,6 +3,7 @@ errors, no process left behind, and the choice made from the store's own statist
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -71,6 +72,26 @@ def test_pixels_of_a_known_size_are_written_in_place_in_their_batch(small: Path)
         assert decoder.placed == 2 * len(batches) and decoder.landed == 0  # a part per worker
         area = np.frombuffer(decoder._batches.area, np.uint8)
         assert all(np.shares_memory(images, area) for images in batches)
+
+
+def test_a_batch_block_comes_back_once_the_batch_is_dropped_without_the_collector(
+    small: Path,
+) -> None:
+    """Nothing of the reader's own holds a batch once it is yielded and let go: no reference
+    cycle, so its block is free again at once, not at the garbage collector's next pass."""
+    options = {"size": (8, 6), "decode_in": "processes", "workers": 2, "across_epochs": False}
+    gc.disable()
+    try:
+        with open_reader(small, batch_size=16, **options) as reader:
+            decoder = reader._producer.start_processes()
+            assert decoder is not None and decoder._batches is not None
+            blocks = len(decoder._batches._free)
+            for epoch in range(3):
+                for batch in reader.epoch(epoch):
+                    del batch
+            assert decoder.placed > 0 and len(decoder._batches._free) == blocks
+    finally:
+        gc.enable()
 
 
 def test_parts_land_when_every_batch_block_is_held(small: Path) -> None:

@@ -16,11 +16,26 @@ import math
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchMemory", "BatchRows"]
+__all__ = ["BatchMemory", "BatchRows", "lend", "lies_in"]
+
+
+def lend(memory: Any, offset: int, nbytes: int, back: Callable[[Any], None], token: Any) -> Any:
+    """``nbytes`` of ``memory`` from ``offset`` on, as a ctypes buffer that every NumPy view
+    and torch tensor made of it holds on to: ``back(token)`` once the last of them is gone."""
+    lent = (ctypes.c_uint8 * nbytes).from_buffer(memory, offset)
+    weakref.finalize(lent, back, token).atexit = False
+    return lent
+
+
+def lies_in(array: np.ndarray, memory: Any) -> bool:
+    """Whether ``array``'s first byte lies in the buffer ``memory`` (a view of it, not a copy)."""
+    start = np.frombuffer(memory, np.uint8, 1).ctypes.data
+    return bool(start <= array.ctypes.data < start + memoryview(memory).nbytes)
 
 
 class _Block:
@@ -49,8 +64,7 @@ class BatchMemory:
         if not nbytes or dtype.hasobject:  # objects are references, not bytes to lend
             return np.empty(shape, dtype)
         block = self._take(nbytes) or _Block(nbytes)
-        lent = (ctypes.c_uint8 * nbytes).from_buffer(block.array)
-        weakref.finalize(lent, self._free.append, block).atexit = False
+        lent = lend(block.array, 0, nbytes, self._free.append, block)
         return np.frombuffer(lent, dtype).reshape(shape)
 
     def _take(self, nbytes: int) -> _Block | None:
@@ -121,14 +135,10 @@ class BatchRows:
         """The rows from ``at`` on that a worker wrote in place in the block: images of
         ``shape`` (as its own copy where the batch's array was made otherwise)."""
         rows = self._array(shape[1:], dtype)[at : at + shape[0]]
-        if rows.shape == shape and rows.dtype == dtype and self._in_block(rows):
+        if rows.shape == shape and rows.dtype == dtype and lies_in(rows, self.block):
             return rows
         written = np.frombuffer(self.block, dtype, math.prod(shape), at * self.row_bytes)
         return written.reshape(shape).copy()
-
-    def _in_block(self, rows: np.ndarray) -> bool:
-        start = np.frombuffer(self.block, np.uint8, 1).ctypes.data
-        return bool(start <= rows.ctypes.data < start + len(self.block))
 
     def whole(self, arrays: list[np.ndarray]) -> np.ndarray | None:
         """The batch's array where ``arrays``, the parts' pixels in order, are its rows one

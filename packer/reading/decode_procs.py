@@ -255,12 +255,14 @@ class ProcessDecoder:
         # Parts in flight: the batches the producer keeps in hand (workers + 1), each split
         # into a part per worker; a landing slot is held only while a part is copied out.
         fork = method == "fork"
-        self._landing = _slots(Landing, 2 * workers + 2, part_bytes, context, fork and stack)
-        self._outbox = _slots(Outbox, (workers + 2) * workers, payload_bytes, context, fork)
+        landing = _fitting(2 * workers + 2, part_bytes) if fork and stack else 0
+        self._landing = Landing(landing, part_bytes, context) if landing else None
+        outbox = _fitting((workers + 2) * workers, payload_bytes) if fork else 0
+        self._outbox = Outbox(outbox, payload_bytes, context) if outbox else None
         blocks, records, self._row_bytes = batches
-        blocks = min(blocks, _AREA_BYTES // max(records * self._row_bytes, 1))
-        usable = fork and stack and blocks >= 2 and records * self._row_bytes > 0
-        self._batches = BatchArea(blocks, records * self._row_bytes) if usable else None
+        batch_bytes = records * self._row_bytes
+        blocks = _fitting(blocks, batch_bytes) if fork and stack else 0
+        self._batches = BatchArea(blocks, batch_bytes) if blocks else None
         self._pool = ProcessPoolExecutor(
             workers,
             context,
@@ -292,7 +294,9 @@ class ProcessDecoder:
         if not isinstance(part.data, np.ndarray):
             sent = self._outbox.send(part.data) if self._outbox is not None else None
             data = sent or [p if isinstance(p, bytes) else bytes(p) for p in part.data]
-            part = replace(part, data=data)
+            # A Sent in a Window's place for payloads: only _finish_part sees it, and swaps
+            # the payloads back in before anything reads them.
+            part = replace(part, data=data)  # type: ignore[arg-type]
         into = None  # where the worker writes the part's pixels in place, and how many
         if rows is not None and rows.block is not None:
             into = (rows.offset + at * rows.row_bytes, len(part), rows.row_bytes)
@@ -391,11 +395,11 @@ def _cancel_with(inner: weakref.ref[Future[Any]], outer: Future[Batch]) -> None:
         task.cancel()
 
 
-def _slots(kind: Any, slots: int, slot_bytes: int, context: Any, usable: bool) -> Any:
-    """``kind`` (Landing or Outbox) of up to ``slots`` slots, as many as _AREA_BYTES holds;
-    None where its slot size is unknown or too few fit."""
+def _fitting(slots: int, slot_bytes: int) -> int:
+    """How many of ``slots`` slots of ``slot_bytes`` a shared area maps: as many as
+    _AREA_BYTES holds; 0 (no area) where the slot size is unknown or fewer than 2 fit."""
     slots = min(slots, _AREA_BYTES // max(slot_bytes, 1))
-    return kind(slots, slot_bytes, context) if usable and slot_bytes and slots >= 2 else None
+    return slots if slot_bytes > 0 and slots >= 2 else 0
 
 
 def _settle(

@@ -14,10 +14,8 @@ finds no slot free, or does not fit one, takes the pipe.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import mmap
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.reading.batch_memory import BatchRows
+from packer.reading.batch_memory import BatchRows, lend, lies_in
 
 __all__ = ["BatchArea", "InPlace", "Landing", "Landed", "Outbox", "Sent"]
 
@@ -141,8 +139,7 @@ class Outbox(_Slots):
 
     def holds(self, array: np.ndarray) -> bool:
         """Whether ``array`` lies in this area (a view of a payload, not a copy)."""
-        start = np.frombuffer(self.area, np.uint8, 1).ctypes.data
-        return start <= array.ctypes.data < start + len(self.area)
+        return lies_in(array, self.area)
 
 
 @dataclass(frozen=True)
@@ -175,9 +172,7 @@ class BatchArea:
         except IndexError:
             return None
         offset = number * self.block_bytes
-        block = (ctypes.c_uint8 * self.block_bytes).from_buffer(self.area, offset)
-        weakref.finalize(block, self._free.append, number).atexit = False
-        return offset, block
+        return offset, lend(self.area, offset, self.block_bytes, self._free.append, number)
 
     def write(self, offset: int, images: list[np.ndarray]) -> InPlace:
         """In a worker: ``images``, one shape, stacked straight to the area at ``offset``."""
