@@ -35,18 +35,23 @@ demo: install
 	$(BIN)/packer inspect demo/demo.h5
 	$(BIN)/python scripts/demo_compare.py demo/images demo/demo.lmdb demo/demo.h5
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
+# (its module fixtures built once): most tests wait on child processes, threads or files, so
+# two share even two cores. TEST_WORKERS=0 runs it in this process, one test at a time.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test: install install-torch
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q $(PARALLEL) --durations=15
 
 # The decode, checksum, pack and read tests again with simplejpeg and ISA-L unimportable, as
 # where they have no wheels: packer's Pillow and zlib paths, to the same pixels and checksums.
 PLAIN_TESTS := tests/test_reader.py tests/test_pack.py tests/test_imaging.py tests/test_jpeg_turbo.py \
 	tests/test_plain_decode.py tests/test_row_checks.py tests/test_verify.py tests/test_augment.py
 test-plain: install install-torch
-	$(BIN)/python -m pytest -q -p tests.without_accelerators $(PLAIN_TESTS)
+	$(BIN)/python -m pytest -q $(PARALLEL) -p tests.without_accelerators $(PLAIN_TESTS)
 
 test-slow: install install-torch
-	$(BIN)/python -m pytest -q -m slow -o addopts=""
+	$(BIN)/python -m pytest -q $(PARALLEL) -m slow -o addopts=""
 
 lint: install
 	$(BIN)/ruff check packer tests scripts benchmarks

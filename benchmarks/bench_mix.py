@@ -39,10 +39,7 @@ import numpy as np
 import reporting
 from PIL import Image
 
-from packer import PackOptions, open_reader, pack, read_manifest
-from packer.reading.mixture import quotas, window_chunks
-from packer.reading.options import ReaderOptions, default_chunk_size
-from packer.store.record import checksum
+from packer import PackOptions, open_reader, pack
 
 WEIGHTS = [0.7, 0.3]  # store A's and B's shares of the mixture
 BATCH = 256
@@ -132,88 +129,6 @@ def figures(alone: list[float], mixed: list[float]) -> dict[str, Any]:
     }
 
 
-class Copies:
-    """What reading raw pixels copies, and nothing more: no reader, no store, one thread.
-    Windows of ``sizes`` rows of random pixels, each refilled from ``source`` and checked
-    (CRC-32) once its rows are used up; each batch's rows gathered from them in a random
-    order, ``draws`` rows from each. ``joint``: the windows are parts of one array, refilled
-    and checked together, their sizes in proportion to their draws so they run out together.
-    """
-
-    def __init__(self, source: np.ndarray, sizes: list[int], draws: list[int], joint: bool):
-        self.source, self.draws, self.joint = source, draws, joint
-        self.rng = np.random.default_rng(0)
-        if joint:
-            whole = sum(sizes)
-            sizes = [round(whole * d / sum(draws)) for d in draws]
-            array = np.empty((sum(sizes), *source.shape[1:]), np.uint8)
-            bounds = np.cumsum([0, *sizes])
-            self.windows = [array[a:z] for a, z in zip(bounds[:-1], bounds[1:])]
-            self.whole: np.ndarray | None = array
-        else:
-            self.windows = [np.empty((n, *source.shape[1:]), np.uint8) for n in sizes]
-            self.whole = None
-        self.orders: list[np.ndarray] = [np.zeros(0, np.int64) for _ in sizes]
-        self.at = [0 for _ in sizes]
-        self.read = 0  # rows of the source read so far
-
-    def _refill(self, parts: list[int]) -> None:
-        for i in parts:
-            window = self.windows[i]
-            start = self.read % (len(self.source) - len(window))
-            window[:] = self.source[start : start + len(window)]
-            self.read += len(window)
-            self.orders[i], self.at[i] = self.rng.permutation(len(window)), 0
-        checked = [self.whole] if self.whole is not None else [self.windows[i] for i in parts]
-        for array in checked:
-            checksum(array.reshape(-1).data)
-
-    def turn(self, batches: int) -> float:
-        """Images per second of ``batches`` batches."""
-        started, size = time.perf_counter(), sum(self.draws)
-        for _ in range(batches):
-            empty = [i for i, d in enumerate(self.draws) if self.at[i] + d > len(self.orders[i])]
-            if empty:
-                self._refill(list(range(len(self.draws))) if self.joint else empty)
-            rows, row = np.empty((size, *self.source.shape[1:]), np.uint8), 0
-            for i, d in enumerate(self.draws):
-                at = self.orders[i][self.at[i] : self.at[i] + d]
-                self.windows[i].take(at, axis=0, out=rows[row : row + d], mode="clip")
-                self.at[i] += d
-                row += d
-        return batches * size / (time.perf_counter() - started)
-
-
-def copies(name: str, store: Path, records: int, batches: int, repeat: int) -> dict[str, Any]:
-    """Copies (above) in turns, as compare() takes the readers': one window of the
-    reader's buffer (``alone``) against the mixture's per-store windows, and against one
-    joint window. ``records``: rows of random pixels to refill from (about the store's)."""
-    manifest = read_manifest(store)
-    shape = tuple(manifest.storage.shape or ())
-    # At least a batch a chunk: --quick's stores have chunks smaller than a batch's draws.
-    chunk = max(BATCH, default_chunk_size(manifest.stats, manifest.num_records))
-    buffer = ReaderOptions(batch_size=BATCH).buffer_chunks
-    rng = np.random.default_rng(1)
-    rows = max(records, 4 * buffer * chunk)  # windows refill from apart in it
-    source = rng.integers(0, 256, (rows, *shape), np.uint8)
-    shares = quotas([records, records], WEIGHTS, BATCH)
-    split = [n * chunk for n in window_chunks(buffer, shares)]
-    ways = {
-        "alone": Copies(source, [buffer * chunk], [BATCH], joint=False),
-        "mixed": Copies(source, split, shares, joint=False),
-        "joint": Copies(source, split, shares, joint=True),
-    }
-    rates: dict[str, list[float]] = {kind: [] for kind in ways}
-    for r in range(repeat):
-        kinds = list(ways) if r % 2 == 0 else list(ways)[::-1]
-        for kind in kinds:
-            rates[kind].append(ways[kind].turn(batches))
-    out: dict[str, Any] = {"case": name, "batches_per_turn": batches}
-    for kind in ("mixed", "joint"):
-        out[kind] = figures(rates["alone"], rates[kind])
-    return out
-
-
 _PROSE = """Two LMDB stores of {count:,} generated JPEGs each (64-128 px a side, seeded apart), packed
 alike: as raw 32x32 pixels, raw 64x64 pixels, and as the original JPEGs. Two readers are open in
 one process, batch 256, default options: store A alone, and `open_reader([A, B],
@@ -225,19 +140,6 @@ until every record of each store has been read once, so that every block's heade
 Stores are warm in the page cache. Besides images/s, each turn's images per CPU second of the
 whole process (every thread's and decode process's work): on cores shared with other jobs,
 that says what the read costs, where wall time says as much about the neighbours.
-
-"""
-
-
-_COPIES_PROSE = """
-Where the rest of raw 32x32's cost lies: the same copies with no reader around them (the
-`Copies` class in the script), one thread, in turns of {batches} batches of 256, alternating
-as above. Windows of random 32x32 pixels, each refilled from a 300 MB array and checked with
-CRC-32 once its rows are used up; each batch gathered from them in a random order. *One
-window*: the reader's buffer, 8 chunks, as one store is read. *A window per store*: 6 and 2
-chunks, 179 and 77 rows of each batch from each, each refilled when it runs out, as the
-reader reads the mixture. *One joint window*: the same two parts as one array, sized to run
-out together, refilled and checked together.
 
 """
 
@@ -283,9 +185,8 @@ def main(argv: list[str] | None = None) -> None:
             **common,
         ),
     ]
-    floor = copies("raw 32x32", raw[0], count, batches=max(1, 200_000 // BATCH), repeat=repeat)
     if args.json:
-        report = {"machine": reporting.machine(), "results": results, "copies": floor}
+        report = {"machine": reporting.machine(), "results": results}
         print(json.dumps(report, indent=1))
         return
     rows = []
@@ -325,26 +226,6 @@ def main(argv: list[str] | None = None) -> None:
     text += (
         "Goal: a mixed read at >= 0.95x the images/s of one store, by every measure above. "
         f"Met: {', '.join(met) or 'none'}. Not met: {', '.join(missed) or 'none'}.\n"
-    )
-    text += _COPIES_PROSE.format(batches=floor["batches_per_turn"]) + reporting.table(
-        [
-            "raw 32x32, copies only",
-            "one window: images/s (best, median)",
-            "images/s (best, median)",
-            "x one window: of the bests; median of pairs",
-        ],
-        [
-            [
-                label,
-                f"{m['alone_best']:,}, {m['alone_median']:,}",
-                f"{m['mixed_best']:,}, {m['mixed_median']:,}",
-                f"{m['ratio_of_best']:.3f}; {m['median_of_pair_ratios']:.3f}",
-            ]
-            for label, m in (
-                ("a window per store (as the reader reads)", floor["mixed"]),
-                ("one joint window", floor["joint"]),
-            )
-        ],
     )
     print(text)
     reporting.write(args.out, text)
