@@ -1,7 +1,8 @@
 """The prefetch thread's work: an epoch's batches, from the plan to finished batches.
 
-    lane (pure: packer.reading.lanes) -> a cursor per store: read_window, gather
-      -> finish_batch (threads, per store) -> one batch -> [to torch / GPU]
+    lane (pure: packer.reading.lanes) -> a Cursor per store (packer.reading.cursor):
+      read_window, gather -> finish_batch (threads or processes, per store) -> one batch
+      -> [to torch / GPU]
 
 A Producer holds what producing needs (options, manifests, the stores' handles) and nothing
 of the Reader that owns it: the thread references only the Producer, so a Reader dropped
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
@@ -30,14 +31,12 @@ from packer.reading import epoch as plan
 from packer.reading.batch_memory import BatchMemory, BatchRows
 from packer.reading.batching import (
     Batch,
-    Ordered,
     Stopped,
     Window,
-    concat,
     finish_batch,
-    read_window,
     split_window,
 )
+from packer.reading.cursor import Cursor
 from packer.reading.decode_procs import (
     ProcessDecoder,
     choose,
@@ -46,7 +45,7 @@ from packer.reading.decode_procs import (
     part_bytes,
     payload_bytes,
 )
-from packer.reading.lanes import Lane, Layout, Phase, Piece, Planner
+from packer.reading.lanes import Lane, Layout, Phase, Planner
 from packer.reading.readahead import (
     SUPPORTED,
     ReadAhead,
@@ -56,7 +55,6 @@ from packer.reading.readahead import (
     store_bytes,
 )
 from packer.store.access import Store
-from packer.store.base import Fetched
 from packer.store.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -104,7 +102,7 @@ class Producer:
         self.parts = parts  # rank, world size, worker, workers
         self._stores: list[Store] | None = None
         self._store_pid = -1
-        # Each store's window array of the last epoch, for the next epoch's windows (_Cursor).
+        # Each store's window array of the last epoch, for the next epoch's windows (Cursor).
         self._spare_windows: list[list[np.ndarray]] = [[] for _ in sources]
         self._planned: tuple[Any, Lane] | None = None  # the last lane planned, and its key
         self._auto_depth: dict[Path, int] = {}  # read_ahead=None: the depth for each store
@@ -323,18 +321,18 @@ class Producer:
         records) parts (raw pixels of one shape checked with ``verify`` as they are read, see
         read_window); ``shared``: the one shape of every store's raw pixels, gathered into
         one array; ``stored``: those pixels need nothing more, so a part that lies in one
-        clean window comes finished (a Batch, see _Cursor.stored), and a batch whose every
+        clean window comes finished (a Batch, see Cursor.stored), and a batch whose every
         part did comes as one Batch, which carries its own rows and sources. With a batch of
         parts, its pixel array and, in a mixture, the store of each of its records."""
         opts = self.options
-        cursors: list[_Cursor] = []
+        cursors: list[Cursor] = []
         try:
             for i, (source, store) in enumerate(zip(self.sources, stores, strict=True)):
                 pieces = lane.pieces[i]
                 ahead = self._read_ahead(i, [s for p in pieces for s in p.spans], epoch)
                 spare = self._spare_windows[i]
                 array = spare.pop() if spare else None  # popped: an abandoned epoch may run on
-                cursors.append(_Cursor(store, pieces, source.fixed_shape, verify[i], ahead, array))
+                cursors.append(Cursor(store, pieces, source.fixed_shape, verify[i], ahead, array))
             total, size = len(lane), opts.batch_size
             per_batch = _counts_per_batch(lane, size, len(cursors))
             # The store of each record, batch by batch, grouped by store as the parts are:
@@ -510,120 +508,6 @@ def _result(future: Future[Batch], stop: threading.Event) -> Batch:
     return future.result()
 
 
-class _Cursor:
-    """One store's part of a lane, window by window: ``take(n)`` gathers its next n records.
-
-    Batches are gathered copies, so a window's array is free to reuse once the next window
-    is due, and from one epoch to the next: a new one is page-faulted afresh, which cost the
-    reader bench's raw epochs of 3,000 records 12% (HDF5) to 19% (LMDB) of their rate. Reused
-    whole (its base): windows differ in length by a few records, and a slice of the last one
-    would soon be too short.
-    """
-
-    def __init__(
-        self,
-        store: Store,
-        pieces: list[Piece],
-        fixed: tuple[int, ...] | None,
-        verify: bool,
-        ahead: ReadAhead | None,
-        array: np.ndarray | None,
-    ) -> None:
-        self.store, self.pieces, self.fixed, self.verify = store, pieces, fixed, verify
-        self.ahead, self.array = ahead, array
-        self.window: Ordered | None = None
-        self.at = 0
-        self._windows = self._read_windows()
-
-    def take(self, n: int, into: np.ndarray | None) -> Window:
-        """The next ``n`` records; ``into``: rows of a batch array to gather raw pixels into."""
-        parts: list[Window] = []
-        got = 0
-        while got < n:
-            window = self._current()
-            k = min(n - got, len(window) - self.at)
-            rows = into[got : got + k] if into is not None else None
-            parts.append(window.rows(self.at, self.at + k, rows))
-            self.at += k
-            got += k
-        return concat(parts, into)
-
-    def stored(self, n: int, into: np.ndarray) -> Batch | None:
-        """The next ``n`` records as a finished batch, their pixels gathered into ``into``,
-        where they lie in one clean window (``Ordered.stored``); else None, and ``take``
-        has them. Only a batch that crosses into the next window, or a window with a
-        damaged record, goes the long way."""
-        window, at = self._current(), self.at
-        if not window.clean or at + n > len(window):
-            return None
-        self.at = at + n
-        return window.stored(at, at + n, into)
-
-    def _current(self) -> Ordered:
-        """The window the next record is in, read once the last one is used up."""
-        while self.window is None or self.at == len(self.window):
-            self.window = None  # one window alive at a time, not two
-            self.window, self.at = next(self._windows), 0
-        return self.window
-
-    def _read_windows(self) -> Generator[Ordered, None, None]:
-        """The pieces' windows in turn. One whose order opens as it is read (Piece.opens),
-        read from the disk (``ahead``), comes a part at a time as its spans are read."""
-        first = 0  # spans read so far: where the read-ahead stands
-        for piece in self.pieces:
-            if piece.opens and self.ahead is not None and len(piece.spans) > 1:
-                yield from self._opening(piece, first)
-            else:
-                window = self._read(piece.spans, first, self._array(piece.spans))
-                ordered = Ordered(window, piece.positions())
-                del window
-                yield ordered
-                del ordered
-            first += len(piece.spans)
-
-    def _opening(self, piece: Piece, first: int) -> Generator[Ordered, None, None]:
-        """``piece``'s window read span by span, each time with the records of its order
-        that lie in the spans read so far, up to the first that does not."""
-        positions = piece.positions()
-        ends = np.cumsum([len(s) for s in piece.spans])
-        # the spans the order has reached by each record: all must be read before it goes
-        reach = np.maximum.accumulate(np.searchsorted(ends, positions, side="right"))
-        array = self._array(piece.spans)
-        parts: list[Window] = []
-        row = done = 0
-        for k, span in enumerate(piece.spans):
-            rows = array[row:] if array is not None else None
-            parts.append(self._read([span], first + k, rows))
-            row += len(span)
-            ready = int(np.searchsorted(reach, k, side="right"))
-            if ready > done:
-                read = concat(parts, array[:row] if array is not None else None)
-                yield Ordered(read, positions[done:ready])
-                done = ready
-
-    def _array(self, spans: Sequence[plan.Span]) -> np.ndarray | None:
-        """The array raw pixels of one shape are read into: the last window's if it is
-        large enough (a new one per window would be faulted in afresh)."""
-        if self.fixed is None:
-            return None
-        total = sum(len(s) for s in spans)
-        if self.array is None or len(self.array) < total:
-            self.array = np.empty((total, *self.fixed), np.uint8)
-        return self.array
-
-    def _read(self, spans: Sequence[plan.Span], first: int, array: np.ndarray | None) -> Window:
-        """``spans`` read into ``array`` (``first``: how many the read-ahead is past)."""
-        fetched = partial(_take, self.ahead, first) if self.ahead is not None else None
-        return read_window(self.store, spans, array, self.verify, fetched)
-
-    def close(self) -> np.ndarray | None:
-        """The window array, for the next epoch. The read-ahead is left running: it reads
-        on into the next epoch, which stops it (Producer._read_ahead)."""
-        self.window = None
-        self._windows.close()
-        return self.array
-
-
 def _one_batch(parts: list[tuple[int, Batch]], rows: np.ndarray, sources: Any) -> Batch:
     """A raw batch whose parts are finished and are their rows of the batch array already
     (gathered into them): one Batch of them, with nothing copied, and ``sources``."""
@@ -647,10 +531,6 @@ def _counts_per_batch(lane: Lane, size: int, stores: int) -> np.ndarray | None:
     n = len(lane.mix)
     cells = np.arange(n) // size * stores + lane.mix  # (batch, store) of each record
     return np.bincount(cells, minlength=-(-n // size) * stores).reshape(-1, stores)
-
-
-def _take(ahead: ReadAhead, first: int, k: int) -> Fetched | None:
-    return ahead.take(first + k)
 
 
 def _gpu_mover(opts: ReaderOptions) -> Callable[[Batch], tuple[Batch, Callable[[], None] | None]]:
