@@ -37,7 +37,8 @@ demo: install
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
 # (its module fixtures built once): most tests wait on child processes, threads or files, so
-# two share even two cores. TEST_WORKERS=0 runs it in this process, one test at a time.
+# two share even two cores. TEST_WORKERS=0 runs it in this process, one test at a time. The
+# slow tests run one at a time: each is a scale test that sizes its own memory and threads.
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test: install install-torch
@@ -51,7 +52,7 @@ test-plain: install install-torch
 	$(BIN)/python -m pytest -q $(PARALLEL) -p tests.without_accelerators $(PLAIN_TESTS)
 
 test-slow: install install-torch
-	$(BIN)/python -m pytest -q $(PARALLEL) -m slow -o addopts=""
+	$(BIN)/python -m pytest -q -m slow -o addopts=""
 
 lint: install
 	$(BIN)/ruff check packer tests scripts benchmarks
