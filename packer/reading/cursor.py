@@ -28,10 +28,9 @@ class Cursor:
     """One store's part of a lane, window by window: ``take(n)`` gathers its next n records.
 
     Batches are gathered copies, so a window's array is free to reuse once the next window
-    is due, and from one epoch to the next: a new one is page-faulted afresh, which cost the
-    reader bench's raw epochs of 3,000 records 12% (HDF5) to 19% (LMDB) of their rate. Reused
-    whole (its base): windows differ in length by a few records, and a slice of the last one
-    would soon be too short.
+    is due, and from one epoch to the next: a new one would be page-faulted afresh, a cost
+    beside raw pixels' own copies. Reused whole (its base): windows differ in length by a few
+    records, and a slice of the last one would soon be too short.
     """
 
     def __init__(
