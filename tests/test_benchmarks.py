@@ -237,3 +237,22 @@ def test_bench_mix_cpu_seconds_count_a_child_process() -> None:
         child.kill()
         child.wait()
     assert own < 0.1 and spent >= 0.2, (own, spent)
+
+
+def test_bench_mix_judges_the_goal_on_the_medians_of_pairs() -> None:
+    """A lucky best turn does not meet bench_mix's goal, and an unlucky one does not miss it:
+    the verdict is the worse of the two medians of pairs (images/s and per CPU second)."""
+    import bench_mix
+
+    def case(name: str, best: float, wall: float, cpu: float) -> dict[str, object]:
+        return {
+            "case": name,
+            "wall": {"ratio_of_best": best, "median_of_pair_ratios": wall},
+            "cpu": {"ratio_of_best": best, "median_of_pair_ratios": cpu},
+        }
+
+    met, missed = bench_mix.verdict(
+        [case("lucky", 1.13, 0.88, 0.97), case("unlucky", 0.80, 0.99, 0.96)]
+    )
+    assert met == ["unlucky"]
+    assert missed == ["lucky (worst 0.88)"]
