@@ -422,7 +422,7 @@ def test_a_pack_leaves_no_thread_or_process_behind(
         options = PackOptions(backend="lmdb", check=check.split(",")[0])  # type: ignore[arg-type]
         result = pack(image_dir, tmp_path / f"s{n}.lmdb", options)
         assert result.manifest.num_records == len(list(image_dir.rglob("*.*")))
-        assert set(threading.enumerate()) == before
+        assert set(threading.enumerate()) <= before  # none left (earlier tests' may end)
         assert multiprocessing.active_children() == []
 
 

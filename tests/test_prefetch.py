@@ -53,13 +53,14 @@ def _gone(name: str, timeout: float = 3.0) -> bool:
 
 @pytest.fixture
 def baseline() -> Iterator[int]:
-    """Asserts the thread count is back to what it was before the test."""
-    before = threading.active_count()
-    yield before
+    """Asserts that no thread the test started is left: threads of earlier tests that end
+    meanwhile are not the test's to count."""
+    before = set(threading.enumerate())
+    yield len(before)
     deadline = time.monotonic() + 3.0
-    while threading.active_count() > before and time.monotonic() < deadline:
+    while set(threading.enumerate()) - before and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert threading.active_count() == before
+    assert not set(threading.enumerate()) - before
 
 
 @pytest.mark.parametrize("depth", [1, 2, 8])
