@@ -8,8 +8,7 @@ turns each (which goes first alternates), so both see the same machine from one 
 next: on a shared machine, rates drift by more than the difference measured. Figures: images/s
 of each turn, and images per CPU second of the process; the best and the median of each kind,
 and mixed / alone: of the bests, and the median of the ratios of turns taken one after the
-other. Goal: the mixture >= 0.95x, judged on the medians of pairs (a best is one turn, which
-one lucky moment of a shared machine decides).
+other. Goal: the mixture >= 0.95x, judged on the medians of pairs (``verdict`` says why).
 
 Cases:
   raw      raw 32x32 pixels (``PackOptions(raw=True, size=(32, 32))``): nothing to decode, so
