@@ -4,17 +4,16 @@ by copying a few blocks' payload bytes.
 A block is one value keyed by its first record's index (``record_key``), laid out by
 ``packer.store.record`` (block_value, parse_block). The shard's metadata lists where each
 block starts (``block_starts``), so record i is in the last block starting at or before i,
-found without touching the file. A block's header is parsed once and kept a while
-(``_HEADERS``): the reader's chunks rarely end where blocks do, so the block at a chunk's
-end is read again as the next chunk's start, and a store of small records read epoch after
-epoch is parsed once, not each epoch.
+found without touching the file. A block's header is parsed once and kept, within a memory
+budget (``_HEADERS``): the reader's chunks rarely end where blocks do, so the block at a
+chunk's end is read again as the next chunk's start, and a store of small records read epoch
+after epoch is parsed once, not each epoch.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from itertools import chain, count
 from pathlib import Path
@@ -28,46 +27,45 @@ from packer.store.record import Block, BlockIndex, parse_block
 
 __all__ = ["BlockLayout", "record_key", "block_starts"]
 
-# Records whose parsed headers a process keeps, over all its shards: about a hundred bytes
-# each, more with longer paths, so tens of MB. Parsing is a large part of reading small raw
-# records; a store of up to this many records is parsed in its first epoch only.
-_CACHED_RECORDS = 200_000
+# Memory a process gives to parsed block headers, over all its shards: about 120 bytes a
+# record, more with longer paths, so about two million records. Parsing is a large part of
+# reading small raw records; the headers kept are parsed in a store's first epoch only.
+HEADER_BUDGET = 256 << 20
 
 
 class _Headers:
-    """Parsed block headers, by (shard reader, block), the least recently used let go first
-    once they hold more than ``records`` records in all."""
+    """Parsed block headers, by (shard reader, block), up to ``budget`` bytes in all.
 
-    def __init__(self, records: int) -> None:
-        self.records = records
-        self._held: OrderedDict[tuple[int, int], BlockIndex] = OrderedDict()
-        self._count = 0
+    Once full it keeps what it holds and lets new headers go: an epoch reads every block
+    once, in a new order each time, so a cache that let the least recently used go would,
+    for a store larger than it, drop each header before its next use and keep nothing
+    useful, where this one spares every epoch the parse of the share it holds. Headers go
+    when their shard reader closes (``forget``)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._held: dict[tuple[int, int], BlockIndex] = {}
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: tuple[int, int]) -> BlockIndex | None:
-        with self._lock:
-            index = self._held.get(key)
-            if index is not None:
-                self._held.move_to_end(key)
-            return index
+        return self._held.get(key)  # one dict lookup: atomic under the GIL
 
     def put(self, key: tuple[int, int], index: BlockIndex) -> None:
+        size = index.nbytes()
         with self._lock:
-            if key in self._held:
-                return
-            self._held[key] = index
-            self._count += len(index)
-            while self._count > self.records and len(self._held) > 1:
-                self._count -= len(self._held.popitem(last=False)[1])
+            if key not in self._held and self._bytes + size <= self.budget:
+                self._held[key] = index
+                self._bytes += size
 
     def forget(self, owner: int) -> None:
         """Let go of a closed shard reader's headers."""
         with self._lock:
             for key in [key for key in self._held if key[0] == owner]:
-                self._count -= len(self._held.pop(key))
+                self._bytes -= self._held.pop(key).nbytes()
 
 
-_HEADERS = _Headers(_CACHED_RECORDS)
+_HEADERS = _Headers(HEADER_BUDGET)
 _OWNERS = count()  # tells shard readers apart in _HEADERS
 if hasattr(os, "register_at_fork"):  # a fork may find the lock held by another thread
     os.register_at_fork(after_in_child=_HEADERS._lock._at_fork_reinit)  # type: ignore[attr-defined]

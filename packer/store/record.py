@@ -69,6 +69,9 @@ _HEADER_LEVEL = 6  # zlib's default: lower left headers larger, higher took far 
 # A block's header inflates to some 60 bytes a record plus its path (at most 4 KB, Linux's
 # PATH_MAX); more is damage, and must not be inflated into memory.
 _MAX_RECORD_HEADER = 64 + 4096
+# What a parsed header holds beside its columns (BlockIndex.nbytes): CPython's str object
+# around an ASCII path's characters, and the objects of the index itself.
+_STR_OBJECT, _INDEX_OBJECTS = 49, 1024
 _HEADER_KEYS = ("offsets", "crc32", "labels", "shapes", "formats", "format_of", "paths")
 
 
@@ -147,6 +150,13 @@ class BlockIndex:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def nbytes(self) -> int:
+        """The memory it holds, about: its columns, and per record a path (a str object
+        and its list slot) and a format's list slot."""
+        columns = self.offsets.nbytes + self.crc32.nbytes + self.labels.nbytes
+        paths = sum(map(len, self.paths)) + (_STR_OBJECT + 16) * len(self.paths)
+        return _INDEX_OBJECTS + columns + self.shapes.nbytes + paths
 
 
 def block_value(records: Sequence[Record], label_columns: int, min_bytes: int = 0) -> bytes:
