@@ -219,8 +219,7 @@ its defaults (shuffled, checksums verified). Target: reader ≥ {target}× bare.
 """
 READER_COST = """Where the rest of the time goes, by profiles of the reader rather than by this
 script: Python per block and per batch, each block's header parsed (inflate, msgpack, checks)
-in the first epoch (in every epoch, for a store of more than 200,000 records), and the copy,
-hand-off and queueing of every batch.
+in the first epoch, and the copy, hand-off and queueing of every batch.
 """
 
 
