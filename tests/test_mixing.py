@@ -178,6 +178,27 @@ def test_raw_stores_of_one_shape_mix_into_the_batch_array_as_stored(
         assert count == 400  # c, 200 records at half the weight, sets the epoch
 
 
+def test_each_epoch_is_planned_once(
+    stores: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader's thread and the prefetch thread both ask for an epoch's lane as it starts;
+    a mixture's interleave is planned once for both, not by each (an argsort of the epoch)."""
+    planned: list[int] = []
+    real = Planner.lane
+
+    def counted(self: Planner, epoch: int, *args: Any) -> Any:
+        planned.append(epoch)
+        return real(self, epoch, *args)
+
+    monkeypatch.setattr(Planner, "lane", counted)
+    with open_reader(
+        [stores["a"], stores["c"]], batch_size=4, weights=[1, 1], seed=2, prefetch=2
+    ) as r:
+        for epoch in range(4):
+            assert sum(len(b[0]) for b in r.epoch(epoch)) == 400
+    assert sorted(planned) == sorted(set(planned)) and set(planned) <= {0, 1, 2, 3, 4}
+
+
 def test_a_smaller_store_is_repeated_when_the_epoch_asks_for_more(stores: dict[str, Path]) -> None:
     """b at 0.5 of 600 records: 300 of b, its 150 records twice (two of its own epochs)."""
     with open_reader(

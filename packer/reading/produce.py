@@ -105,6 +105,9 @@ class Producer:
         # Each store's window array of the last epoch, for the next epoch's windows (Cursor).
         self._spare_windows: list[list[np.ndarray]] = [[] for _ in sources]
         self._planned: tuple[Any, Lane] | None = None  # the last lane planned, and its key
+        # Held while planning: the reader's thread and the prefetch thread ask for each new
+        # epoch's lane at about the same moment, and the second waits for the first's.
+        self._planning = threading.Lock()
         self._auto_depth: dict[Path, int] = {}  # read_ahead=None: the depth for each store
         # Each store's read-ahead of the epoch just gathered, left reading on into the next
         # epoch's first spans until that epoch starts and takes their bytes (see ReadAhead).
@@ -131,13 +134,13 @@ class Producer:
     def lane(self, epoch: int, phases: tuple[Phase, ...] = ()) -> Lane:
         """What this reader yields of ``epoch`` after the ``phases`` already read (a resume)."""
         key = (epoch, phases)
-        planned = self._planned  # read once: the prefetch thread plans too
-        if planned is not None and planned[0] == key:
-            return planned[1]
-        rank, _, worker, _ = self.parts
-        lane = self.planner.lane(epoch, phases, self.layout, rank, worker)
-        self._planned = (key, lane)
-        return lane
+        with self._planning:
+            if self._planned is not None and self._planned[0] == key:
+                return self._planned[1]
+            rank, _, worker, _ = self.parts
+            lane = self.planner.lane(epoch, phases, self.layout, rank, worker)
+            self._planned = (key, lane)
+            return lane
 
     def epochs(self, epoch: int, phases: tuple[Phase, ...], stop: threading.Event) -> Iterator[Any]:
         """Runs in the prefetch thread: ``epoch``'s batches (what is left of it after
