@@ -225,3 +225,22 @@ def test_a_child_forked_while_the_header_cache_is_locked_reads(tmp_path: Path) -
 
     with held_by_a_thread(lmdb_blocks._HEADERS._lock):  # as a reader's thread holds it
         run_in_child(reads_every_record, seconds=20)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks only where os.fork exists")
+def test_a_forked_child_starts_with_the_whole_budget(tmp_path: Path) -> None:
+    """The parent's headers would fill a child's budget with headers of shard readers the
+    child never uses: the child parses and keeps its own."""
+    store = tmp_path / "s.lmdb"
+    pack(_folder(tmp_path / "images", 12, (16, 12)), store, PackOptions(seed=3, workers=1))
+    with open_store(store) as opened:
+        assert len(list(opened.records())) == 12
+        assert _held()  # the parent keeps its headers while its store is open
+
+        def parses_and_keeps_its_own() -> bool:
+            if _held() or lmdb_blocks._HEADERS._bytes:
+                return False
+            with open_store(store) as mine:
+                return len(list(mine.records())) == 12 and bool(_held())
+
+        run_in_child(parses_and_keeps_its_own, seconds=20)

@@ -45,6 +45,7 @@ class _Headers:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._held: dict[tuple[int, int], BlockIndex] = {}
+        self._inherited: list[dict[tuple[int, int], BlockIndex]] = []  # see after_fork
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -64,11 +65,21 @@ class _Headers:
             for key in [key for key in self._held if key[0] == owner]:
                 self._bytes -= self._held.pop(key).nbytes()
 
+    def after_fork(self) -> None:
+        """In a forked child, start empty: the parent's headers belong to its shard readers,
+        and kept they would fill the child's budget with nothing its own readers use (a
+        DataLoader worker of a process that read the store first). They are set aside, not
+        freed: freeing them would write to every one, copying the pages the child shares
+        with the parent. The lock may have been held by a thread the child does not have."""
+        self._lock = threading.Lock()
+        self._inherited.append(self._held)
+        self._held, self._bytes = {}, 0
+
 
 _HEADERS = _Headers(HEADER_BUDGET)
 _OWNERS = count()  # tells shard readers apart in _HEADERS
-if hasattr(os, "register_at_fork"):  # a fork may find the lock held by another thread
-    os.register_at_fork(after_in_child=_HEADERS._lock._at_fork_reinit)  # type: ignore[attr-defined]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_HEADERS.after_fork)
 
 
 def record_key(index: int) -> bytes:
