@@ -30,7 +30,7 @@ __all__ = ["BlockLayout", "record_key", "block_starts"]
 # Memory a process gives to parsed block headers, over all its shards: about 120 bytes a
 # record, more with longer paths, so about two million records. Parsing is a large part of
 # reading small raw records; the headers kept are parsed in a store's first epoch only.
-HEADER_BUDGET = 256 << 20
+_HEADER_BUDGET = 256 << 20
 
 
 class _Headers:
@@ -76,7 +76,7 @@ class _Headers:
         self._held, self._bytes = {}, 0
 
 
-_HEADERS = _Headers(HEADER_BUDGET)
+_HEADERS = _Headers(_HEADER_BUDGET)
 _OWNERS = count()  # tells shard readers apart in _HEADERS
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_HEADERS.after_fork)
