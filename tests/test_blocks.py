@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from format4 import as_format4
-from helpers import held_by_a_thread, run_in_child, write_image
+from helpers import held_by_a_thread, rewrite_lmdb_record, run_in_child, write_image
 
 from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.cli import cli
+from packer.errors import StoreError
 from packer.inspect.convert import convert_store
 from packer.inspect.unpack import unpack_store
 from packer.store import lmdb_blocks, lmdb_store
@@ -244,3 +245,18 @@ def test_a_forked_child_starts_with_the_whole_budget(tmp_path: Path) -> None:
                 return len(list(mine.records())) == 12 and bool(_held())
 
         run_in_child(parses_and_keeps_its_own, seconds=20)
+
+
+def test_a_raw_record_of_the_wrong_size_is_named(tmp_path: Path) -> None:
+    """A block whose header is whole but one of whose raw records is short (its offsets say
+    so): the read names the record and its size, where the rows would shift."""
+    store = tmp_path / "s.lmdb"
+    source = _folder(tmp_path / "images", 30, (16, 12))
+    pack(source, store, PackOptions(seed=3, workers=1, raw=True, size=(8, 8)))
+    rewrite_lmdb_record(store, 17, data=bytes(8 * 8 * 3 - 3))
+    with open_reader(store, batch_size=8, shuffle=False) as r, pytest.raises(StoreError) as caught:
+        for _ in r.epoch(0):
+            pass
+    message = str(caught.value)
+    assert "\n" not in message and "record 17 has 189 payload bytes" in message, message
+    assert "needs 192" in message

@@ -207,10 +207,13 @@ class BlockLayout:
                 bounds = index.offsets[a : z + 1]
                 lo, hi = int(bounds[0]), int(bounds[-1])
                 if flat is not None and out is not None:
-                    sizes = np.diff(bounds)
-                    if (sizes != row_bytes).any():
-                        k = int(np.argmax(sizes != row_bytes))
-                        raise _wrong_row(self.path, first + a + k, int(sizes[k]), out, row_bytes)
+                    if index.row_bytes != row_bytes:  # else known, once parsed, to fit
+                        sizes = np.diff(bounds)
+                        if (sizes != row_bytes).any():
+                            k = int(np.argmax(sizes != row_bytes))
+                            raise _wrong_row(
+                                self.path, first + a + k, int(sizes[k]), out, row_bytes
+                            )
                     flat[row * row_bytes : (row + z - a) * row_bytes] = value[lo:hi]
                 else:  # one copy: a view would keep the map's pages or the fetched range
                     data = memoryview(bytes(value[lo:hi]))

@@ -147,6 +147,7 @@ class BlockIndex:
     shapes: np.ndarray  # (n, 3) int32
     formats: list[str]
     paths: list[str]
+    row_bytes: int = -1  # every payload's size where all are one size (raw pixels), else -1
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -239,6 +240,7 @@ def parse_block(value: bytes | memoryview, count: int, label_columns: int) -> Bl
     sizes = np.frombuffer(shapes, "<i4").reshape(count, 3)
     if (bounds[1:] < bounds[:-1]).any() or bounds[-1] > end - length or (sizes < 0).any():
         raise ValueError("block header is damaged: its offsets or shapes are impossible")
+    steps = np.diff(bounds)
     return BlockIndex(
         offsets=bounds,
         crc32=np.frombuffer(crc32, "<u4"),
@@ -246,6 +248,7 @@ def parse_block(value: bytes | memoryview, count: int, label_columns: int) -> Bl
         shapes=sizes,
         formats=names * count if len(names) == 1 else [names[i] for i in codes],
         paths=paths,
+        row_bytes=int(steps[0]) if count and bool((steps == steps[0]).all()) else -1,
     )
 
 
