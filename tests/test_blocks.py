@@ -158,6 +158,11 @@ def _parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return parsed
 
 
+def _held() -> list[tuple[tuple[int, int], Any]]:
+    """The (shard reader, block) keys and headers the process's header cache holds now."""
+    return list(lmdb_blocks._HEADERS._held.items())
+
+
 def test_a_small_stores_headers_are_parsed_in_its_first_epoch_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,10 +211,6 @@ def test_headers_beyond_the_budget_are_parsed_each_epoch_and_those_kept_once(
                 assert blocks - len(held) <= len(parsed) - before <= 2 * (blocks - len(held))
         assert got == expected
         assert 0 < len(kept_after[0]) < blocks and kept_after[1] == kept_after[0]
-
-
-def _held() -> list[tuple[tuple[int, int], Any]]:
-    return list(lmdb_blocks._HEADERS._held.items())
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forks only where os.fork exists")
