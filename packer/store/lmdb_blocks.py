@@ -53,6 +53,8 @@ class _Headers:
         return self._held.get(key)  # one dict lookup: atomic under the GIL
 
     def put(self, key: tuple[int, int], index: BlockIndex) -> None:
+        if self._bytes >= self.budget:  # full: a store beyond it is not measured per parse
+            return
         size = index.nbytes()
         with self._lock:
             if key not in self._held and self._bytes + size <= self.budget:
