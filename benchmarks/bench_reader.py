@@ -77,6 +77,7 @@ from packer import PackOptions, open_reader, open_store, pack, read_manifest
 from packer.arguments import default_workers, parse_hw
 from packer.store import lmdb_store
 from packer.store.manifest import FORMAT_VERSION, MANIFEST_NAME
+from packer.store.record import checksum
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from make_demo_data import CLASSES, make_demo_data  # noqa: E402
@@ -243,14 +244,22 @@ def h5_slices(store: Path, chunk: int, epochs: int) -> dict[str, float]:
 
 
 def kept_reads(
-    store: Path, chunk: int, buffer: int, epochs: int, shuffle: bool, alive: int = 0
+    store: Path,
+    chunk: int,
+    buffer: int,
+    epochs: int,
+    shuffle: bool,
+    alive: int = 0,
+    check: bool = False,
 ) -> dict[str, float]:
     """The floors under a shuffling reader: the limit's reads, but each chunk copied into a
     window of ``buffer`` chunks that stays in memory (a shuffle buffer), and with
     ``shuffle`` every full window's records copied out again in a random order, 256 to a
     new batch array; with ``alive``, the last that many batches kept, as a prefetch queue
     and the loop holding one keep them (each batch is then new memory, not the last one's,
-    already in cache). No checks, no threads, no per-record metadata."""
+    already in cache); with ``check``, one CRC-32 pass over each window as it fills, the
+    least a reader verifying checksums does (no comparison, no per-record CRCs). No
+    threads, no per-record metadata."""
     rng, images = np.random.default_rng(SEED), 0
     shape = read_manifest(store).storage.shape
     window = np.empty((buffer * chunk, *shape), np.uint8)
@@ -260,6 +269,8 @@ def kept_reads(
     def empty(rows: int) -> None:
         nonlocal images
         images += rows
+        if check:
+            checksum(window[:rows].data)
         if shuffle:
             order = rng.permutation(rows)
             for a in range(0, rows, BATCH):
