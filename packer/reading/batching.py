@@ -104,6 +104,7 @@ class Batch:
     skipped: int  # records dropped from this batch by on_error="skip"
     nbytes: int  # payload bytes read for it
     sources: Any = None  # a mixture's: the store each record came from (ndarray, or tensor)
+    per_source: list[int] | None = None  # a mixture's: how many records each store gave
 
 
 def read_window(

@@ -278,11 +278,12 @@ class Producer:
         if rows is not None and all(
             isinstance(b.images, np.ndarray) and not b.skipped for _, b in parts
         ):
-            return _one_batch(parts, rows, sources)
+            return _one_batch(parts, rows, sources, len(self.sources))
         batch = merge_parts([b for _, b in parts], stack, self._memory, batch_rows)
         batch.sources = np.repeat(
             np.array([i for i, _ in parts], np.int64), [len(b.paths) for _, b in parts]
         )
+        batch.per_source = _per_source(parts, len(self.sources))
         return batch
 
     def record_order(self, epoch: int) -> np.ndarray:
@@ -368,7 +369,7 @@ class Producer:
                 of_batch = None if sources is None else sources[start : start + n].copy()
                 if finished and rows is not None:  # the batch carries its rows and sources
                     done = cast(list[tuple[int, Batch]], parts)
-                    yield _one_batch(done, rows, of_batch), None, None
+                    yield _one_batch(done, rows, of_batch, len(cursors)), None, None
                 else:
                     yield parts, rows, of_batch
         finally:
@@ -511,7 +512,9 @@ def _result(future: Future[Batch], stop: threading.Event) -> Batch:
     return future.result()
 
 
-def _one_batch(parts: list[tuple[int, Batch]], rows: np.ndarray, sources: Any) -> Batch:
+def _one_batch(
+    parts: list[tuple[int, Batch]], rows: np.ndarray, sources: Any, stores: int
+) -> Batch:
     """A raw batch whose parts are finished and are their rows of the batch array already
     (gathered into them): one Batch of them, with nothing copied, and ``sources``."""
     if len(parts) == 1:
@@ -523,7 +526,17 @@ def _one_batch(parts: list[tuple[int, Batch]], rows: np.ndarray, sources: Any) -
         labels = np.concatenate([part.labels for _, part in parts])
         batch = Batch(rows, labels, paths, 0, rows.nbytes)
     batch.sources = sources
+    batch.per_source = _per_source(parts, stores)
     return batch
+
+
+def _per_source(parts: list[tuple[int, Batch]], stores: int) -> list[int]:
+    """How many of a mixture's batch's records each of its ``stores`` gave: counted here, per
+    part, rather than from ``sources`` per record in the training loop's thread."""
+    counts = [0] * stores
+    for i, part in parts:
+        counts[i] += len(part.paths)
+    return counts
 
 
 def _counts_per_batch(lane: Lane, size: int, stores: int) -> np.ndarray | None:

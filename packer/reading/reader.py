@@ -386,7 +386,7 @@ class _Counters:
     def __init__(self, prefetcher: Prefetcher[Any] | None, names: list[str]) -> None:
         self.batches = self.images = self.nbytes = self.skipped = 0
         self.names = names
-        self.per_source = np.zeros(len(names), np.int64)
+        self.per_source = [0] * len(names)
         self.started = time.perf_counter()
         self.stopped = 0.0
         self.wait_s = self.queue_fill = 0.0
@@ -399,11 +399,8 @@ class _Counters:
         self.images += len(batch.paths)
         self.skipped += batch.skipped
         self.nbytes += batch.nbytes
-        if batch.sources is not None:
-            sources = np.asarray(
-                batch.sources.cpu() if hasattr(batch.sources, "cpu") else batch.sources
-            )
-            self.per_source += np.bincount(sources, minlength=len(self.names))
+        if batch.per_source is not None:
+            self.per_source = [a + b for a, b in zip(self.per_source, batch.per_source)]
 
     def _read(self, prefetcher: Prefetcher[Any]) -> None:
         now, base = prefetcher.stats(), self._base
