@@ -167,7 +167,8 @@ def raw_part(work: Path, images: int, repeat: int) -> list[dict[str, Any]]:
         bare = lmdb_walk if backend == "lmdb" else h5_slices
         runs[f"bare {backend}"] = partial(repeated, bare, store)
         runs[f"floor {backend}"] = partial(repeated, shuffle_floor, store)
-        runs[f"floor {backend} checked"] = partial(repeated, checked_floor, store)
+        with_checks = partial(shuffle_floor, check=True)
+        runs[f"floor {backend} checked"] = partial(repeated, with_checks, store)
         runs[f"reader {backend}"] = partial(reader_epochs, store)
         runs[f"reader {backend} verify=False"] = partial(reader_epochs, store, verify=False)
     best: dict[str, float] = {}
@@ -202,10 +203,6 @@ def shuffle_floor(store: Path, check: bool = False) -> int:
     manifest = read_manifest(store)
     chunk = default_chunk_size(manifest.stats, manifest.num_records)
     return int(kept_reads(store, chunk, 8, 1, shuffle=True, check=check)["images"])
-
-
-def checked_floor(store: Path) -> int:
-    return shuffle_floor(store, check=True)
 
 
 SIZE_PROSE = """Folders of noise PNGs (which do not compress) of about the size in the first column, named
