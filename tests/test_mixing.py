@@ -175,9 +175,14 @@ def test_raw_stores_of_one_shape_mix_into_the_batch_array_as_stored(
                 pixels, expected = truth[int(source)][path]
                 assert np.array_equal(image, pixels) and label == expected
             count += len(paths)
-        counted = {name: figures["images"] for name, figures in r.stats()["sources"].items()}
+        counted = _images_per_store(r)
     assert count == 400  # c, 200 records at half the weight, sets the epoch
     assert counted == {"a.h5": 200, "c.h5": 200}
+
+
+def _images_per_store(reader: Any) -> dict[str, int]:
+    """What ``reader.stats()`` counts for each store of its mixture in its last epoch."""
+    return {name: figures["images"] for name, figures in reader.stats()["sources"].items()}
 
 
 def test_each_epoch_is_planned_once(
@@ -361,7 +366,7 @@ def test_a_damaged_raw_record_in_a_mixture_is_named_or_skipped(
             for image, source, path in zip(images, sources, paths, strict=True):
                 assert np.array_equal(image, truth[int(source)][path][0])
                 seen.append((int(source), path))
-        counted = {name: figures["images"] for name, figures in r.stats()["sources"].items()}
+        counted = _images_per_store(r)
     assert (1, record.path) not in seen and len(seen) == 399
     by_store = Counter(source for source, _ in seen)  # what was yielded, the skipped one not
     assert counted == {"a.h5": by_store[0], "c.h5": by_store[1]} and by_store[1] == 199
