@@ -5,6 +5,7 @@ How fast it reads is measured in benchmarks/bench_storage.py, not here."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -321,6 +322,34 @@ def test_payloads_are_taken_from_the_fetched_bytes(stores: dict[str, Path], name
         assert len(differ) == 1, differ
 
 
+@pytest.mark.parametrize("name", ["lmdb", "lmdb-small", "hdf5"])
+def test_bytes_read_in_bulk_live_in_maps_of_their_own(stores: dict[str, Path], name: str) -> None:
+    """The chunks read ahead and each block's copy of its payloads, read through the store or
+    taken from those chunks, are anonymous maps of their own (packer.store.buffers), which go
+    back to the system once let go: from malloc, a long read's buffers fragmented its heaps
+    until a memory cap one store fitted in killed a mixture of two."""
+    with open_store(stores[name]) as s:
+        span = chunk_spans([info.num_records for info in s.manifest.shards], 9)[0]
+        ahead = ReadAhead(stores[name], [span], depth=1)
+        got = ahead.take(0)
+        ahead.close()
+        assert got is not None and got.ranges
+        assert all(isinstance(data.obj, mmap.mmap) for _, data in got.ranges)
+        shard = s.shard(span.shard)
+        for block in (
+            shard.read_block(span.start, span.stop),
+            shard.read_block(span.start, span.stop, None, got),
+        ):
+            assert len(block.data) == len(span)
+            assert all(
+                isinstance(p, memoryview) and isinstance(p.obj, mmap.mmap) for p in block.data
+            )
+        taken = [bytes(p) for p in block.data]
+        for _, data in got.ranges:  # a copy: the chunk read ahead can go, or change
+            data[:] = bytes(len(data))
+        assert [bytes(p) for p in block.data] == taken
+
+
 @pytest.mark.parametrize("name", ["lmdb", "lmdb-small"])
 def test_lmdb_value_places_are_where_the_blocks_are(stores: dict[str, Path], name: str) -> None:
     """The places a pack records are checked against the file's own bytes: each (offset,
@@ -508,3 +537,35 @@ def test_by_default_a_store_that_fits_in_memory_is_read_ahead_while_it_is_not_th
             for _ in reader.epoch(epoch):
                 seen[-1] |= {t.name for t in threading.enumerate()}
     assert ["packer-read-ahead" in names for names in seen] == [True, False]
+
+
+def test_a_range_is_read_tail_first_so_the_kernels_read_ahead_stops_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last ``tail`` bytes of a range come first, in one request on the descriptor the
+    kernel does not read ahead on, then the rest front to back on the other: read last, the
+    tail met the pages the kernel had marked to read on, and it read on past the range."""
+    data = os.urandom(3 << 20)
+    path = tmp_path / "shard"
+    path.write_bytes(data)
+    fds = readahead._Descriptors(path)
+    fds.tail = 1 << 20
+    calls: list[tuple[int, int, int]] = []
+    preadv = os.preadv
+
+    def recorded(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
+        calls.append((fd, offset, sum(len(b) for b in buffers)))
+        return preadv(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(os, "preadv", recorded)
+    try:
+        got = readahead._read(fds, 4096, (2 << 20) + 100)
+    finally:
+        fds.close()
+    assert got is not None and bytes(got) == data[4096 : 4096 + (2 << 20) + 100]
+    end = 4096 + (2 << 20) + 100
+    assert calls[0] == (fds.exact, end - (1 << 20), 1 << 20)
+    rest = calls[1:]
+    assert {fd for fd, _, _ in rest} == {fds.sequential}
+    assert [offset for _, offset, _ in rest] == sorted(offset for _, offset, _ in rest)
+    assert rest[0][1] == 4096 and rest[-1][1] + rest[-1][2] == end - (1 << 20)

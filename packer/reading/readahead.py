@@ -8,9 +8,10 @@ A store is mostly larger than memory, on a disk or share whose cost is per reque
 through a memory map or HDF5's own small reads, the chunks of a shuffled epoch become many
 small requests (a page fault's read-around, a column's slice), each paying the device's
 per-request price, and nothing is read while a window decodes. Here each chunk's byte ranges
-(its payloads, as the shard reader tells them) are read front to back in 512 KB steps, which
-the kernel's sequential read-ahead turns into requests of a megabyte or more, up to
-``depth`` chunks ahead of the reader. The shard readers then take the payloads from these
+(its payloads, as the shard reader tells them) are read in 512 KB steps, which the kernel's
+sequential read-ahead turns into requests of a megabyte or more, its last few megabytes first
+so that the kernel's read-ahead stops at its end (``_read``), up to ``depth`` chunks ahead of
+the reader, into buffers that go back to the system once taken (``store.buffers``). The shard readers then take the payloads from these
 bytes, so they are not copied again. Anything this thread cannot read (no extents, a short
 file, damage) is left to the usual reads, which report it.
 
@@ -33,6 +34,7 @@ from packer.fork_gate import FORK_GATE
 from packer.reading.epoch import Span
 from packer.store.access import Store
 from packer.store.base import Fetched
+from packer.store.buffers import fresh
 
 __all__ = [
     "ReadAhead",
@@ -269,20 +271,27 @@ def memory_for_cache() -> int:
 
 
 def _read(fds: _Descriptors, offset: int, length: int) -> memoryview | None:
-    """``length`` bytes of the file at ``offset``, read front to back in _STEP reads; None
-    if the file ends first. The last ``fds.tail`` bytes are read without the kernel's
-    read-ahead: it would run on past the range, into bytes nobody asked for."""
-    view = memoryview(bytearray(length))
-    done = 0
-    tail = max(0, length - fds.tail)
-    while done < length:
-        fd = fds.sequential if done < tail else fds.exact
-        n = os.preadv(
-            fd, [view[done : min(done + _STEP, length if done >= tail else tail)]], offset + done
-        )
-        if n <= 0:
-            return None
-        done += n
+    """``length`` bytes of the file at ``offset``; None if the file ends first.
+
+    The last ``fds.tail`` bytes are read first, in one request without the kernel's
+    read-ahead, then the rest front to back in _STEP reads with it. Read last, the tail met
+    the pages the kernel had marked to start its next read-ahead, which then ran on past the
+    range into another chunk's bytes: read for nothing where that chunk is not read soon (a
+    mixture reads part of each store's chunks an epoch; benchmarks/bench_mix_storage.py).
+    Read first, it is in memory before the read-ahead of the rest, at most two windows
+    ahead, reaches it."""
+    view = fresh(length)
+    body = max(0, length - fds.tail)
+    for fd, start, stop, step in (
+        (fds.exact, body, length, length),
+        (fds.sequential, 0, body, _STEP),
+    ):
+        done = start
+        while done < stop:
+            n = os.preadv(fd, [view[done : min(done + step, stop)]], offset + done)
+            if n <= 0:
+                return None
+            done += n
     return view
 
 
