@@ -94,11 +94,12 @@ def _write_photos(args: tuple[Path, range]) -> int:
     return total
 
 
-def make_folder(folder: Path, count: int) -> None:
+def make_folder(folder: Path, count: int, first: int = 0) -> None:
+    """``count`` photos, numbered from ``first`` (photo(i) differs for every i)."""
     for c in range(10):
         (folder / f"class{c}").mkdir(parents=True, exist_ok=True)
-    step = 200
-    parts = [(folder, range(a, min(a + step, count))) for a in range(0, count, step)]
+    step, end = 200, first + count
+    parts = [(folder, range(a, min(a + step, end))) for a in range(first, end, step)]
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         total = sum(pool.map(_write_photos, parts))
     print(f"  {count:,} photos in {folder} ({total / 1e9:.2f} GB written now)", file=sys.stderr)

@@ -219,6 +219,41 @@ def test_the_storage_page_sets_decoded_epochs_against_the_lower_limit() -> None:
     assert "| HDF5 | failed | | | |" in page
 
 
+def test_the_mixture_storage_page_sets_each_mixed_epoch_against_one_store() -> None:
+    """bench_mix_storage needs root and a loop device too: its page is rendered from a
+    report. Each mixed epoch is set against the same epoch of one store; a case that failed
+    says so, and the verdict counts only the profiles that ran."""
+    import bench_mix_storage
+
+    def epochs(*rates: float) -> dict[str, object]:
+        return {"epochs": [{"seconds": 1.0, "mb_per_s": rate} for rate in rates]}
+
+    report = {
+        "photos": 100,
+        "store_bytes": 10**9,
+        "memory": "476M",
+        "profiles": {
+            "hdd": {
+                "limit": {"mb_per_s": 120.0},
+                "alone": epochs(100.0, 120.0),
+                "mixed": epochs(99.0, 108.0),
+            },
+            "nas": {
+                "limit": {"mb_per_s": 110.0},
+                "alone": epochs(100.0),
+                "mixed": {"failed": "exit 1"},
+            },
+        },
+    }
+    page = bench_mix_storage.render(report, "python benchmarks/bench_mix_storage.py")
+    assert "| hdd | 120 | 100, 120 | 99, 108 | 0.99, 0.90 |" in page
+    assert "| nas | 110 | 100 | exit 1 | - |" in page
+    assert "Not met (worst 0.90)." in page
+    report["profiles"]["hdd"]["mixed"] = epochs(96.0, 118.0)  # type: ignore[index]
+    page = bench_mix_storage.render(report, "python benchmarks/bench_mix_storage.py")
+    assert "Met (worst 0.96)." in page
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
 def test_bench_mix_cpu_seconds_count_a_child_process() -> None:
     """bench_mix's images per CPU second count the reader's decode processes: a child that
