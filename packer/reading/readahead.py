@@ -11,9 +11,10 @@ per-request price, and nothing is read while a window decodes. Here each chunk's
 (its payloads, as the shard reader tells them) are read in 512 KB steps, which the kernel's
 sequential read-ahead turns into requests of a megabyte or more, its last few megabytes first
 so that the kernel's read-ahead stops at its end (``_read``), up to ``depth`` chunks ahead of
-the reader, into buffers that go back to the system once taken (``store.buffers``). The shard readers then take the payloads from these
-bytes, so they are not copied again. Anything this thread cannot read (no extents, a short
-file, damage) is left to the usual reads, which report it.
+the reader, into buffers that go back to the system once taken (``_fresh``). The shard
+readers then take the payloads from these bytes, so they are not copied again. Anything this
+thread cannot read (no extents, a short file, damage) is left to the usual reads, which report
+it.
 
 An epoch's read-ahead runs on into the first chunks of the next (``then``) while the last
 window decodes and its batches in flight are taken, until the next epoch starts and takes
@@ -23,6 +24,7 @@ window with nothing to decode.
 
 from __future__ import annotations
 
+import mmap
 import os
 import random
 import threading
@@ -34,7 +36,6 @@ from packer.fork_gate import FORK_GATE
 from packer.reading.epoch import Span
 from packer.store.access import Store
 from packer.store.base import Fetched
-from packer.store.buffers import fresh
 
 __all__ = [
     "ReadAhead",
@@ -280,7 +281,7 @@ def _read(fds: _Descriptors, offset: int, length: int) -> memoryview | None:
     mixture reads part of each store's chunks an epoch; benchmarks/bench_mix_storage.py).
     Read first, it is in memory before the read-ahead of the rest, at most two windows
     ahead, reaches it."""
-    view = fresh(length)
+    view = _fresh(length)
     body = max(0, length - fds.tail)
     for fd, start, stop, step in (
         (fds.exact, body, length, length),
@@ -293,6 +294,22 @@ def _read(fds: _Descriptors, offset: int, length: int) -> memoryview | None:
                 return None
             done += n
     return view
+
+
+def _fresh(nbytes: int) -> memoryview:
+    """``nbytes`` zeroed bytes of an anonymous map of their own, unmapped when the last view
+    goes. Through malloc, glibc raises its threshold for mapping a request to the largest map
+    freed, so after the first chunk every chunk's buffer came from this thread's heap, which
+    fragments: a reader's process grew epoch after epoch until a memory cap that one store's
+    reads fitted in killed a mixture of two (benchmarks/bench_mix_storage.py). A block's
+    smaller copies stay with malloc, whose reuse spares them a fresh map's page faults."""
+    if nbytes <= 0:
+        return memoryview(bytearray(0))
+    return memoryview(mmap.mmap(-1, nbytes, **_PRIVATE))
+
+
+# Private: a forked child (a DataLoader worker) gets its own copy on write, as of malloc's.
+_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
 
 
 class _Descriptors:

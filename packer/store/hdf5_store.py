@@ -45,7 +45,6 @@ import h5py
 import numpy as np
 
 from packer.store.base import Fetched, ShardMeta, merge_ranges
-from packer.store.buffers import fresh
 from packer.store.manifest import fsync_path
 from packer.store.record import Block, Record
 
@@ -645,14 +644,11 @@ class Hdf5ShardReader:
         else:
             assert offsets is not None
             bounds = (offsets - offsets[0]).tolist()
-            # One copy of their own (views of the fetched range would keep it alive)
-            payload = fresh(hi - lo)
             if ahead is None:
-                if hi > lo:
-                    self._payload.read_direct(np.frombuffer(payload, np.uint8), np.s_[lo:hi])
-            else:
-                payload[:] = ahead
-            data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+                payload = memoryview(self._payload[lo:hi])
+                data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+            else:  # bytes of their own: views would keep the fetched range alive
+                data = [bytes(ahead[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         labels, crc32, shapes, codes = self._small_columns.read(start, stop)
         (paths,) = self._paths.read(start, stop)
         unknown = (codes < 0) | (codes >= len(self._format_names))

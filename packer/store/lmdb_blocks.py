@@ -23,7 +23,6 @@ import lmdb
 import numpy as np
 
 from packer.store.base import Fetched, merge_ranges
-from packer.store.buffers import fresh
 from packer.store.record import Block, BlockIndex, parse_block
 
 __all__ = ["BlockLayout", "record_key", "block_starts"]
@@ -219,8 +218,7 @@ class BlockLayout:
                             )
                     flat[row * row_bytes : (row + z - a) * row_bytes] = value[lo:hi]
                 else:  # one copy: a view would keep the map's pages or the fetched range
-                    data = fresh(hi - lo)
-                    data[:] = value[lo:hi]
+                    data = memoryview(bytes(value[lo:hi]))
                     cuts = (bounds - lo).tolist()
                     payloads.extend(data[x:y] for x, y in zip(cuts[:-1], cuts[1:]))
                 parts.append((index, a, z))
