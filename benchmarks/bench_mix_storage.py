@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import reporting
-from bench_storage import TOOL, cannot_run, make_folder
+from bench_storage import TOOL, cannot_run, make_folder, slow_file_system
 
 MOUNT = Path("/mnt/packer-mix")
 PROFILES = ("hdd", "nas", "cloud")
@@ -206,16 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"bench_mix_storage: skipped: {reason}")
         return 0
-    mount = Path(args.mount)
-    mounted = mount.is_mount()
-    if not mounted:
-        subprocess.run([args.tool, "up", str(mount), args.size], check=True)
-    try:
+    with slow_file_system(args.tool, Path(args.mount), args.size, args.keep) as mount:
         stores = prepare(mount, args.photos)
         report = measure(args, stores)
-    finally:
-        if not args.keep and not mounted:
-            subprocess.run([args.tool, "down", str(mount)], check=False)
     report["photos"] = args.photos
     text = render(report, reporting.command(__file__, argv))
     reporting.write(args.out, text)

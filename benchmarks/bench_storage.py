@@ -44,7 +44,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +271,20 @@ def run_case(
 
 
 # -- the run ----------------------------------------------------------------------------
+
+
+@contextmanager
+def slow_file_system(tool: str, mount: Path, size: str, keep: bool) -> Iterator[Path]:
+    """The slow-storage file system at ``mount``: made there unless one is mounted already,
+    and taken down afterwards unless ``keep`` (or it was there before)."""
+    mounted = mount.is_mount()
+    if not mounted:
+        subprocess.run([tool, "up", str(mount), size], check=True)
+    try:
+        yield mount
+    finally:
+        if not keep and not mounted:
+            subprocess.run([tool, "down", str(mount)], check=False)
 
 
 def cannot_run(tool: Path) -> str | None:
@@ -567,16 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"bench_storage: skipped: {reason}")
         return 0
-    mount = Path(args.mount)
-    mounted = mount.is_mount()
-    if not mounted:
-        subprocess.run([args.tool, "up", str(mount), args.size], check=True)
-    try:
+    with slow_file_system(args.tool, Path(args.mount), args.size, args.keep) as mount:
         paths = prepare(mount, args.photos, args.pack_photos)
         report = measure(args, paths)
-    finally:
-        if not args.keep and not mounted:
-            subprocess.run([args.tool, "down", str(mount)], check=False)
     report.update(photos=args.photos, pack_photos=args.pack_photos)
     text = render(report, reporting.command(__file__, argv))
     chart = Path(args.out).with_suffix(".svg")

@@ -296,6 +296,10 @@ def _read(fds: _Descriptors, offset: int, length: int) -> memoryview | None:
     return view
 
 
+# Private: a forked child (a DataLoader worker) gets its own copy on write, as of malloc's.
+_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+
+
 def _fresh(nbytes: int) -> memoryview:
     """``nbytes`` zeroed bytes of an anonymous map of their own, unmapped when the last view
     goes. Through malloc, glibc raises its threshold for mapping a request to the largest map
@@ -306,10 +310,6 @@ def _fresh(nbytes: int) -> memoryview:
     if nbytes <= 0:
         return memoryview(bytearray(0))
     return memoryview(mmap.mmap(-1, nbytes, **_PRIVATE))
-
-
-# Private: a forked child (a DataLoader worker) gets its own copy on write, as of malloc's.
-_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
 
 
 class _Descriptors:
