@@ -129,14 +129,16 @@ def render(report: dict[str, Any], command: str) -> str:
         "ext4 file system on a loop device throttled to each profile (see "
         "[Slow storage](storage.md)); each case in a fresh process whose memory, page cache "
         f"included, is capped at {report['memory']}B, so that no epoch is served from memory "
-        "(half of one store; a store fits only in the smoke test, --quick). Reader: batch 256, decode=False. alone: store A; mixed: "
+        "(by default half of one store; a store fits only in the smoke test, --quick). "
+        "Reader: batch 256, decode=False. alone: store A; mixed: "
         f"`open_reader([A, B], weights={WEIGHTS}, epoch_size=len(A))`, the same number of "
         "records an epoch. Limit: both stores' files read front to back in 1 MB reads.\n\n"
     )
-    rows = []
+    rows, worst = [], []
     for profile, cases in report["profiles"].items():
         alone, mixed = _rates(cases["alone"]), _rates(cases["mixed"])
         ratios = [m / a for m, a in zip(mixed, alone)] if alone and mixed else []
+        worst += [min(ratios)] if ratios else []
         limit = cases["limit"].get("mb_per_s")
         rows.append(
             [
@@ -155,11 +157,6 @@ def render(report: dict[str, Any], command: str) -> str:
         "mixed / alone",
     ]
     text += reporting.table(columns, rows)
-    worst = [
-        min(m / a for m, a in zip(_rates(c["mixed"]) or [], _rates(c["alone"]) or []))
-        for c in report["profiles"].values()
-        if _rates(c["mixed"]) and _rates(c["alone"])
-    ]
     met = bool(worst) and min(worst) >= GOAL
     text += f"Goal: mixed >= {GOAL}x alone in every epoch. {'Met' if met else 'Not met'}"
     text += f" (worst {min(worst):.2f}).\n" if worst else ".\n"

@@ -219,6 +219,20 @@ def test_the_storage_page_sets_decoded_epochs_against_the_lower_limit() -> None:
     assert "| HDF5 | failed | | | |" in page
 
 
+def test_photos_numbered_from_first_are_not_the_first_photos(tmp_path: Path) -> None:
+    """bench_mix_storage's store B is made of photos numbered after A's: other files, other
+    bytes, so the mixture reads two stores rather than one twice."""
+    import bench_storage
+
+    bench_storage.make_folder(tmp_path / "a", 2)
+    bench_storage.make_folder(tmp_path / "b", 2, first=2)
+    a = sorted((tmp_path / "a").rglob("*.jpg"))
+    b = sorted((tmp_path / "b").rglob("*.jpg"))
+    assert [p.name for p in a] == ["0000000.jpg", "0000001.jpg"]
+    assert [p.name for p in b] == ["0000002.jpg", "0000003.jpg"]
+    assert not {p.read_bytes() for p in a} & {p.read_bytes() for p in b}
+
+
 def test_the_mixture_storage_page_sets_each_mixed_epoch_against_one_store() -> None:
     """bench_mix_storage needs root and a loop device too: its page is rendered from a
     report. Each mixed epoch is set against the same epoch of one store; a case that failed
