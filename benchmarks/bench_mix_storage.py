@@ -7,9 +7,10 @@ the device's seeks eat the epoch. This measures that case, as bench_storage.py d
 store (root, loop devices and cgroups, through the slow-storage tool; where it cannot run it
 says why and exits 0).
 
-Two stores of --photos photo-like JPEGs each (bench_storage's photos, seeded apart), packed
-with default options (LMDB), on an ext4 file system on a throttled loop device. Each case
-runs in a fresh process with the memory, page cache included, capped at half of one store:
+Two stores of --photos photo-like JPEGs each (bench_storage's photos, seeded apart), each
+packed with default options as LMDB and as HDF5 (--backends), on an ext4 file system on a
+throttled loop device. For each backend, each case runs in a fresh process with the memory,
+page cache included, capped at half of one store:
 
   limit   both stores' shard files read front to back in 1 MB reads: the device's rate
   alone   store A, decode=False, --epochs epochs
@@ -19,7 +20,7 @@ runs in a fresh process with the memory, page cache included, capped at half of 
 Figures: each epoch's MB/s of payload (the stores' photos differ in size, so images/s would
 compare different bytes), and mixed / alone epoch by epoch. Goal: >= 0.95.
 
-    sudo python benchmarks/bench_mix_storage.py            # ~15 minutes, 8 GB of disk
+    sudo python benchmarks/bench_mix_storage.py            # ~30 minutes, 12 GB of disk
     sudo python benchmarks/bench_mix_storage.py --quick    # a smaller set, hdd only
 """
 
@@ -39,25 +40,29 @@ from bench_storage import TOOL, cannot_run, make_folder, slow_file_system
 MOUNT = Path("/mnt/packer-mix")
 PROFILES = ("hdd", "nas", "cloud")
 WEIGHTS = [0.7, 0.3]
+BACKENDS = {"lmdb": ".lmdb", "hdf5": ".h5"}
 BATCH, SEED = 256, 0
 GOAL = 0.95
 
 
-def prepare(mount: Path, photos: int) -> list[Path]:
-    """Stores A and B, packed from photos of their own (made once, kept by a stamp)."""
+def prepare(mount: Path, photos: int, backends: list[str]) -> dict[str, list[Path]]:
+    """Stores A and B of each backend, packed from photos of their own (made once, kept by a
+    stamp): each backend's A holds the same photos, and so does its B."""
     from packer import PackOptions, pack
 
-    stores = [mount / "a.lmdb", mount / "b.lmdb"]
-    stamp = mount / "prepared.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) == {"photos": photos}:
+    stores = {b: [mount / f"{name}{BACKENDS[b]}" for name in "ab"] for b in backends}
+    stamp, wanted = mount / "prepared.json", {"photos": photos, "backends": sorted(backends)}
+    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return stores
     print("preparing the data (once) ...", file=sys.stderr)
-    for n, store in enumerate(stores):
-        folder = mount / f"photos-{store.stem}"
+    for n, name in enumerate("ab"):
+        folder = mount / f"photos-{name}"
         make_folder(folder, photos, first=n * photos)  # B's photos are not A's
-        pack(folder, store, PackOptions(backend="lmdb", seed=SEED, overwrite=True))
+        for backend in backends:
+            store = stores[backend][n]
+            pack(folder, store, PackOptions(backend=backend, seed=SEED, overwrite=True))
     subprocess.run(["sync"], check=True)
-    stamp.write_text(json.dumps({"photos": photos}))
+    stamp.write_text(json.dumps(wanted))
     return stores
 
 
@@ -106,26 +111,38 @@ def run_case(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(args: argparse.Namespace, stores: list[Path]) -> dict[str, Any]:
+def measure(args: argparse.Namespace, stores: dict[str, list[Path]]) -> dict[str, Any]:
     tool = Path(args.tool)
-    one_store = sum(f.stat().st_size for f in stores[0].iterdir())
+    # One cap for every backend: half of the smallest store A, so that none fits.
+    one_store = min(_bytes(pair[0]) for pair in stores.values())
     memory = args.memory or f"{one_store // 2 // (1 << 20)}M"
     report: dict[str, Any] = {"store_bytes": one_store, "memory": memory, "profiles": {}}
     for profile in args.profiles:
         print(f"{profile}, memory capped at {memory} ...", file=sys.stderr)
         report["profiles"][profile] = {
-            "limit": run_case(tool, profile, memory, "limit", stores, 0),
-            "alone": run_case(tool, profile, memory, "read", stores[:1], args.epochs),
-            "mixed": run_case(tool, profile, memory, "read", stores, args.epochs),
+            backend: {
+                "limit": run_case(tool, profile, memory, "limit", pair, 0),
+                "alone": run_case(tool, profile, memory, "read", pair[:1], args.epochs),
+                "mixed": run_case(tool, profile, memory, "read", pair, args.epochs),
+            }
+            for backend, pair in stores.items()
         }
     return report
+
+
+def _bytes(store: Path) -> int:
+    """A store's size on disk: an HDF5 store is one file, an LMDB store a folder of them."""
+    return (
+        store.stat().st_size if store.is_file() else sum(f.stat().st_size for f in store.iterdir())
+    )
 
 
 def render(report: dict[str, Any], command: str) -> str:
     text = reporting.header("A mixture of stores on slow storage", command)
     text += (
-        f"Two LMDB stores of {report['photos']:,} photo-like JPEGs each (about 90 KB; "
-        f"{report['store_bytes'] / 1e9:.2f} GB a store), packed with default options, on an "
+        f"Two stores of {report['photos']:,} photo-like JPEGs each (about 90 KB; "
+        f"{report['store_bytes'] / 1e9:.2f} GB a store), each packed with default options "
+        "as LMDB and as HDF5, on an "
         "ext4 file system on a loop device throttled to each profile (see "
         "[Slow storage](storage.md)); each case in a fresh process whose memory, page cache "
         f"included, is capped at {report['memory']}B, so that no epoch is served from memory "
@@ -135,22 +152,25 @@ def render(report: dict[str, Any], command: str) -> str:
         "records an epoch. Limit: both stores' files read front to back in 1 MB reads.\n\n"
     )
     rows, worst = [], []
-    for profile, cases in report["profiles"].items():
-        alone, mixed = _rates(cases["alone"]), _rates(cases["mixed"])
-        ratios = [m / a for m, a in zip(mixed, alone)] if alone and mixed else []
-        worst += [min(ratios)] if ratios else []
-        limit = cases["limit"].get("mb_per_s")
-        rows.append(
-            [
-                profile,
-                f"{limit:,.0f}" if limit else "failed",
-                _cells(alone, "{:,.0f}") if alone else cases["alone"].get("failed", "failed"),
-                _cells(mixed, "{:,.0f}") if mixed else cases["mixed"].get("failed", "failed"),
-                _cells(ratios, "{:.2f}") if ratios else "-",
-            ]
-        )
+    for profile, backends in report["profiles"].items():
+        for backend, cases in backends.items():
+            alone, mixed = _rates(cases["alone"]), _rates(cases["mixed"])
+            ratios = [m / a for m, a in zip(mixed, alone)] if alone and mixed else []
+            worst += [min(ratios)] if ratios else []
+            limit = cases["limit"].get("mb_per_s")
+            rows.append(
+                [
+                    profile,
+                    backend.upper(),
+                    f"{limit:,.0f}" if limit else "failed",
+                    _cells(alone, "{:,.0f}") if alone else cases["alone"].get("failed", "failed"),
+                    _cells(mixed, "{:,.0f}") if mixed else cases["mixed"].get("failed", "failed"),
+                    _cells(ratios, "{:.2f}") if ratios else "-",
+                ]
+            )
     columns = [
         "profile",
+        "store",
         "limit, MB/s",
         "alone, MB/s by epoch",
         "mixed 0.7/0.3, MB/s by epoch",
@@ -176,9 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--tool", default=str(TOOL), help="the slow-storage tool")
     parser.add_argument("--mount", default=str(MOUNT), help="where to mount the file system")
-    parser.add_argument("--size", default="8G", help="the file system's size")
+    parser.add_argument("--size", default="12G", help="the file system's size")
     parser.add_argument("--photos", type=int, default=16_000, help="photos in each store")
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=PROFILES)
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--memory", help="the memory cap (default: half of one store)")
     # A smoke test: stores too small to be larger than the reader's own buffers (a window,
@@ -204,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_mix_storage: skipped: {reason}")
         return 0
     with slow_file_system(args.tool, Path(args.mount), args.size, args.keep) as mount:
-        stores = prepare(mount, args.photos)
+        stores = prepare(mount, args.photos, args.backends)
         report = measure(args, stores)
     report["photos"] = args.photos
     text = render(report, reporting.command(__file__, argv))
