@@ -70,9 +70,11 @@ def test_write_then_read_blocks_and_records(tmp_path: Path, backend: str, n: int
         assert _same(reader.read_record(n - 1), records[n - 1])
     assert reader.read_labels().shape == (n, 2)
     assert reader.read_labels().tolist() == [list(r.labels) for r in records]
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=f"records 0:{n + 1} out of range for {n} records"):
         reader.read_block(0, n + 1)
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=f"records 0:{n + 1} out of range"):
+        reader.extents(0, n + 1)
+    with pytest.raises(IndexError, match=f"record {n} out of range for {n} records"):
         reader.read_record(n)
     reader.close()
 

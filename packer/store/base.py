@@ -129,6 +129,18 @@ class ShardReader(Protocol):
     def close(self) -> None: ...
 
 
+def check_range(start: int, stop: int, count: int) -> None:
+    """Refuse records ``start`` to ``stop`` unless they lie within a shard of ``count``."""
+    if not 0 <= start <= stop <= count:
+        raise IndexError(f"records {start}:{stop} out of range for {count} records")
+
+
+def check_index(index: int, count: int) -> None:
+    """Refuse record ``index`` unless it lies within a shard of ``count``."""
+    if not 0 <= index < count:
+        raise IndexError(f"record {index} out of range for {count} records")
+
+
 def merge_ranges(pieces: list[tuple[int, int]], file_bytes: int) -> list[tuple[int, int]]:
     """(offset, length) pieces as the fewest ranges that cover them inside the file's
     ``file_bytes``, in file order, pieces less than _MERGE_GAP apart joined."""

@@ -44,7 +44,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from packer.store.base import Fetched, ShardMeta, merge_ranges
+from packer.store.base import Fetched, ShardMeta, check_index, check_range, merge_ranges
 from packer.store.manifest import fsync_path
 from packer.store.record import Block, Record
 
@@ -589,8 +589,7 @@ class Hdf5ShardReader:
         return int(offsets[0]), int(offsets[-1]), offsets
 
     def extents(self, start: int, stop: int) -> list[tuple[int, int]]:
-        if not 0 <= start <= stop <= self._len:
-            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        check_range(start, stop, self._len)
         if start == stop:
             return []
         if self._chunk_map is None:
@@ -627,8 +626,7 @@ class Hdf5ShardReader:
         out: np.ndarray | None = None,
         fetched: Fetched | None = None,
     ) -> Block:
-        if not 0 <= start <= stop <= self._len:
-            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        check_range(start, stop, self._len)
         data: list[bytes | memoryview] | np.ndarray
         lo, hi, offsets = self._payload_rows(start, stop)
         ahead = self._fetched_rows(lo, hi, fetched) if fetched is not None and hi > lo else None
@@ -668,8 +666,7 @@ class Hdf5ShardReader:
         )
 
     def read_record(self, index: int) -> Record:
-        if not 0 <= index < self._len:
-            raise IndexError(f"record {index} out of range for {self._len} records")
+        check_index(index, self._len)
         return self.read_block(index, index + 1).record(0)
 
     def read_labels(self) -> np.ndarray:

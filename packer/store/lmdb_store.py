@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 
 from packer.store import mapped_pages
-from packer.store.base import Fetched, ShardMeta, merge_ranges
+from packer.store.base import Fetched, ShardMeta, check_index, check_range, merge_ranges
 from packer.store.lmdb_blocks import BlockLayout, record_key
 from packer.store.record import (
     BLOCK_BYTES,
@@ -352,8 +352,7 @@ class LmdbShardReader:
         return self._len
 
     def extents(self, start: int, stop: int) -> list[tuple[int, int]]:
-        if not 0 <= start <= stop <= self._len:
-            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        check_range(start, stop, self._len)
         if self._blocks is not None:
             return self._blocks.extents(start, stop)
         if self._places is None or start == stop:
@@ -371,8 +370,7 @@ class LmdbShardReader:
         out: np.ndarray | None = None,
         fetched: Fetched | None = None,
     ) -> Block:
-        if not 0 <= start <= stop <= self._len:
-            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        check_range(start, stop, self._len)
         if self._blocks is not None:
             return self._blocks.read_block(start, stop, out, fetched)
         if self._shape is not None:
@@ -571,8 +569,7 @@ class LmdbShardReader:
         return block
 
     def read_record(self, index: int) -> Record:
-        if not 0 <= index < self._len:
-            raise IndexError(f"record {index} out of range for {self._len} records")
+        check_index(index, self._len)
         if self._shape is not None or self._blocks is not None:
             return self.read_block(index, index + 1).record(0)
         with self._env.begin() as txn:

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import tables
 
-from packer.store.base import Fetched
+from packer.store.base import Fetched, check_range
 from packer.store.record import Block, Record
 
 __all__ = ["find_arrays", "describe_file", "PyTablesShardReader"]
@@ -208,8 +208,7 @@ class PyTablesShardReader:
         out: np.ndarray | None = None,
         fetched: Fetched | None = None,
     ) -> Block:
-        if not 0 <= start <= stop <= self._len:
-            raise IndexError(f"records {start}:{stop} out of range for {self._len} records")
+        check_range(start, stop, self._len)
         n = stop - start
         data = out[:n] if out is not None else np.empty((n, *self.shape), np.uint8)
         with _as_os_error(self.path):
