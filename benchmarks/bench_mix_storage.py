@@ -114,7 +114,7 @@ def run_case(
 def measure(args: argparse.Namespace, stores: dict[str, list[Path]]) -> dict[str, Any]:
     tool = Path(args.tool)
     # One cap for every backend: half of the smallest store A, so that none fits.
-    one_store = min(_bytes(pair[0]) for pair in stores.values())
+    one_store = min(sum(f.stat().st_size for f in pair[0].iterdir()) for pair in stores.values())
     memory = args.memory or f"{one_store // 2 // (1 << 20)}M"
     report: dict[str, Any] = {"store_bytes": one_store, "memory": memory, "profiles": {}}
     for profile in args.profiles:
@@ -128,13 +128,6 @@ def measure(args: argparse.Namespace, stores: dict[str, list[Path]]) -> dict[str
             for backend, pair in stores.items()
         }
     return report
-
-
-def _bytes(store: Path) -> int:
-    """A store's size on disk: an HDF5 store is one file, an LMDB store a folder of them."""
-    return (
-        store.stat().st_size if store.is_file() else sum(f.stat().st_size for f in store.iterdir())
-    )
 
 
 def render(report: dict[str, Any], command: str) -> str:
