@@ -645,7 +645,9 @@ class Hdf5ShardReader:
             if ahead is None:
                 payload = memoryview(self._payload[lo:hi])
                 data = [payload[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-            else:  # bytes of their own: views would keep the fetched range alive
+            else:  # bytes of their own: views would keep the fetched range alive. A copy a
+                # record, not one of the range: a range of many records is large enough for
+                # malloc to map it afresh each time, paying its page faults; a record's is reused
                 data = [bytes(ahead[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
         labels, crc32, shapes, codes = self._small_columns.read(start, stop)
         (paths,) = self._paths.read(start, stop)
